@@ -1,0 +1,99 @@
+"""Typed, versioned analysis results. Every renderer takes a Diagnosis.
+
+The JSON form (`diag analyze --format json`) is these dataclasses encoded as-is;
+docs/schema.md documents every field. Times are seconds, ratios are 0..1, a value
+the trace cannot give is null (None), never a guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+SCHEMA_VERSION = "1.0"
+
+
+@dataclass
+class Breakdown:
+    """Where the timeline's time goes. compute + comm + memory + other + idle = span."""
+
+    timeline: str            # "gpu" (all streams merged) or "host" (CPU-only traces)
+    window: str              # which events were counted, in words
+    span_s: float            # first start to last end of the counted work
+    compute_s: float         # covered by compute
+    comm_s: float            # covered by communication and not by compute (exposed comm)
+    memory_s: float          # memcpy/memset not under compute or comm
+    other_s: float           # other GPU activity (sync-like kernels) not under the above
+    idle_s: float            # nothing running
+
+    def pct(self, seconds: float) -> float:
+        return 100.0 * seconds / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def non_compute_s(self) -> float:
+        return self.comm_s + self.memory_s + self.other_s
+
+
+@dataclass
+class Overlap:
+    """How much communication hides behind compute (HTA's comm/comp overlap)."""
+
+    comm_s: float                     # union of all communication
+    overlapped_s: float               # communication under compute
+    ratio: Optional[float]            # overlapped / comm; None without communication
+    exposed_s: float                  # communication not under compute
+    exposed_per_step_s: Optional[float]
+
+
+@dataclass
+class StepTime:
+    number: int                       # N of ProfilerStep#N
+    host_s: float                     # wall time of the host's step span
+    in_window: bool                   # counted in breakdown/overlap
+    exposed_comm_s: Optional[float] = None
+
+
+@dataclass
+class KernelStat:
+    name: str
+    kind: str
+    count: int
+    total_s: float
+    share: float                      # of all kernel time in the window (sum of durations)
+    mean_us: float
+
+
+@dataclass
+class RankResult:
+    rank: int
+    file: str
+    device: Optional[str]
+    timeline: str
+    breakdown: Breakdown
+    overlap: Overlap
+    steps: list[StepTime] = field(default_factory=list)
+    step_time_s: Optional[float] = None   # median host step time
+    top_kernels: list[KernelStat] = field(default_factory=list)
+    events: int = 0
+    excluded_events: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Problem:
+    file: str
+    problem: str
+
+
+@dataclass
+class Diagnosis:
+    source: str
+    world_size: Optional[int]
+    backend: Optional[str]
+    ranks: list[RankResult]
+    missing_ranks: list[int] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    other_runs: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    run: Optional[dict] = None            # diag_run.json, when the trainer wrote one
+    schema_version: str = SCHEMA_VERSION
+    tool: str = "diag"

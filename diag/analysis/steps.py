@@ -1,0 +1,102 @@
+"""Training steps (`ProfilerStep#N`) and the analysis window.
+
+The profiler marks each step on the host with a `ProfilerStep#N` span. GPU work
+belongs to the step whose host span launched it (kernel `correlation` = launch
+`correlation`), because kernels run later than they are launched.
+
+Window convention (same as HTA 0.5, so results agree): when a trace has two or more
+steps, GPU work launched at or after the start of the last step is left out — the
+profiler stops while that step's kernels may still be queued, so it is often
+incomplete — and so is GPU work whose launch is not in the trace. With fewer than two
+steps, everything is analysed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.table import EventTable
+
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+
+
+@dataclass
+class StepSpans:
+    number: np.ndarray     # int64 step numbers as written (ProfilerStep#N)
+    start_ns: np.ndarray   # host span start
+    end_ns: np.ndarray     # host span end
+
+    def __len__(self) -> int:
+        return int(self.number.size)
+
+
+def host_steps(t: EventTable) -> StepSpans:
+    rows = np.flatnonzero(t.name_mask(STEP_RE.match) & t.mask(Kind.ANNOTATION, Kind.CPU_OP))
+    rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
+    nums = np.array([int(STEP_RE.match(t.name(r)).group(1)) for r in rows], dtype=np.int64)
+    return StepSpans(nums, t.ts_ns[rows], t.end_ns[rows])
+
+
+def launch_times(t: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Host time at which each GPU row was launched; -1 where the launch is not in the trace."""
+    launches = np.flatnonzero((t.kind == Kind.RUNTIME) & (t.correlation >= 0))
+    out = np.full(rows.size, -1, dtype=np.int64)
+    if launches.size == 0 or rows.size == 0:
+        return out
+    corr = t.correlation[launches]
+    order = np.argsort(corr, kind="stable")
+    corr, lts = corr[order], t.ts_ns[launches][order]
+    want = t.correlation[rows]
+    pos = np.clip(np.searchsorted(corr, want), 0, corr.size - 1)
+    hit = (corr[pos] == want) & (want >= 0)
+    out[hit] = lts[pos[hit]]
+    return out
+
+
+@dataclass
+class Window:
+    """Which GPU rows (or host rows) an analysis covers, and how they map to steps."""
+
+    rows: np.ndarray        # event rows in the window
+    step_index: np.ndarray  # per row: index into steps, -1 outside every step
+    steps: StepSpans
+    excluded_rows: int      # timeline rows left out by the window convention
+    convention: str
+    excluded_why: str = ""
+
+
+def gpu_window(t: EventTable, steps: StepSpans) -> Window:
+    rows = np.flatnonzero(t.gpu_mask())
+    launched = launch_times(t, rows)
+    if len(steps) >= 2:
+        keep = (launched >= 0) & (launched < steps.start_ns[-1])
+        conv = "GPU work launched before the last ProfilerStep (HTA convention)"
+    else:
+        keep = np.ones(rows.size, dtype=bool)
+        conv = "whole trace (fewer than two ProfilerSteps)"
+    step_of = _step_of(steps, launched[keep])
+    return Window(rows[keep], step_of, steps, int((~keep).sum()), conv,
+                  "launched in the last ProfilerStep, or launch not in the trace")
+
+
+def host_window(t: EventTable, rows: np.ndarray, steps: StepSpans) -> Window:
+    if len(steps) >= 2:
+        keep = t.ts_ns[rows] < steps.start_ns[-1]
+        conv = "host events before the last ProfilerStep (HTA convention)"
+    else:
+        keep = np.ones(rows.size, dtype=bool)
+        conv = "whole trace (fewer than two ProfilerSteps)"
+    kept = rows[keep]
+    return Window(kept, _step_of(steps, t.ts_ns[kept]), steps, int((~keep).sum()), conv,
+                  "started in the last ProfilerStep")
+
+
+def _step_of(steps: StepSpans, times: np.ndarray) -> np.ndarray:
+    if len(steps) == 0:
+        return np.full(times.size, -1, dtype=np.int64)
+    i = np.searchsorted(steps.start_ns, times, side="right") - 1
+    inside = (i >= 0) & (times < steps.end_ns[np.maximum(i, 0)])
+    return np.where(inside, i, -1)

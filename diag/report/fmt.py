@@ -1,0 +1,58 @@
+"""Formatting helpers shared by the text and Markdown renderers."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from ..analysis.results import Diagnosis, RankResult
+
+_TEMPLATE_RE = re.compile(r"<[^<>]*>")
+
+
+def short_kernel(name: str, width: int = 40) -> str:
+    """'void at::native::foo<4, ...>(int, ...)' -> 'at::native::foo'."""
+    s = name[5:] if name.startswith("void ") else name
+    s = s.replace("(anonymous namespace)::", "")
+    for _ in range(8):                       # strip nested template arguments
+        t = _TEMPLATE_RE.sub("", s)
+        if t == s:
+            break
+        s = t
+    s = s.split("(", 1)[0].strip() or name
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def ms(seconds: Optional[float], digits: int = 1) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.{digits}f}"
+
+
+def pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def headline(d: Diagnosis) -> list[str]:
+    n = len(d.ranks)
+    ws = f"world size {d.world_size}" if d.world_size else "world size unknown"
+    devices = sorted({r.device for r in d.ranks if r.device})
+    timeline = "GPU" if any(r.timeline == "gpu" for r in d.ranks) else "host (CPU-only)"
+    lines = [f"{os.path.basename(d.source.rstrip('/')) or d.source}: {n} rank trace{'s' * (n != 1)}, "
+             f"{ws}, backend {d.backend or 'unknown'}",
+             f"Timeline: {timeline}" + (f"; device: {', '.join(devices)}" if devices else "")]
+    if d.missing_ranks:
+        lines.append(f"Ranks without a trace here: {len(d.missing_ranks)} of {d.world_size}")
+    return lines
+
+
+def rank_row(r: RankResult) -> list[str]:
+    b = r.breakdown
+    return [str(r.rank), ms(r.step_time_s), ms(b.span_s), pct(b.pct(b.compute_s)),
+            pct(b.pct(b.comm_s)), pct(b.pct(b.memory_s + b.other_s)), pct(b.pct(b.idle_s)),
+            pct(None if r.overlap.ratio is None else 100 * r.overlap.ratio),
+            ms(r.overlap.exposed_per_step_s, 2)]
+
+
+RANK_HEADER = ["rank", "step ms", "span ms", "comp%", "comm%", "mem%", "idle%", "ovl%", "exp ms"]
+RANK_LEGEND = ("step: median ProfilerStep wall time; span: first to last activity in the window; "
+               "comm: communication not hidden by compute; ovl: share of communication under compute; "
+               "exp ms: exposed communication per step")

@@ -1,0 +1,29 @@
+"""Markdown report, for tickets and pull requests."""
+from __future__ import annotations
+
+from ..analysis.results import Diagnosis
+from .fmt import RANK_HEADER, RANK_LEGEND, headline, ms, rank_row, short_kernel
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
+
+
+def render_markdown(d: Diagnosis) -> str:
+    lines = ["# diag report", ""] + [f"- {h}" for h in headline(d)]
+    lines += [f"- **problem** `{p.file}`: {p.problem}" for p in d.problems]
+    lines += [f"- note: {n}" for n in d.notes]
+    lines += ["", "## Temporal breakdown", ""]
+    lines += _table(RANK_HEADER, [rank_row(r) for r in d.ranks])
+    lines += ["", f"_{RANK_LEGEND}_", ""]
+    lines += ["Window: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})), ""]
+    for r in d.ranks:
+        if r.top_kernels:
+            lines += [f"## Top kernels, rank {r.rank}", ""]
+            lines += _table(["kernel", "kind", "count", "total ms", "share %"],
+                            [[f"`{short_kernel(k.name)}`", k.kind, str(k.count), ms(k.total_s, 2),
+                              f"{100 * k.share:.1f}"] for k in r.top_kernels])
+            lines.append("")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,153 @@
+"""A job: the per-rank traces of one run, loaded from a file or a directory.
+
+Policy for bad input (explicit, per STYLE.md): a file that cannot be read is recorded
+as a problem with its reason and the other ranks are still loaded; `strict=True`
+raises on the first one instead. Files from a different run found in the same
+directory (another world size, a start time far apart, or a rank seen twice) are set
+aside and reported, never mixed into the analysis.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .build import build_rank
+from .errors import TraceError
+from .read import decode_trace, read_bytes
+from .table import RankTrace
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
+NOT_TRACES = {"diag_run.json", "hta_reference.json"}
+RUN_METADATA = "diag_run.json"
+# Ranks of one run start their profilers within seconds of each other (same schedule);
+# two runs in one folder are minutes apart. Clocks of different hosts may differ too.
+SAME_RUN_WINDOW_S = 300.0
+
+
+@dataclass
+class FileProblem:
+    path: str
+    problem: str
+
+
+@dataclass
+class Job:
+    source: str
+    ranks: list[RankTrace]
+    problems: list[FileProblem] = field(default_factory=list)
+    other_runs: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    run_meta: Optional[dict] = None
+
+    @property
+    def world_size(self) -> Optional[int]:
+        sizes = {r.world_size for r in self.ranks if r.world_size}
+        return max(sizes) if sizes else None
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        ws = self.world_size
+        if not ws:
+            return []
+        have = {r.rank for r in self.ranks}
+        return [r for r in range(ws) if r not in have]
+
+
+def load_rank(path: str) -> RankTrace:
+    """Load one trace file; raises TraceError naming the file and the problem."""
+    return build_rank(path, decode_trace(path, read_bytes(path)))
+
+
+def trace_files(directory: str) -> list[str]:
+    names = sorted(os.listdir(directory))
+    return [os.path.join(directory, n) for n in names
+            if n.endswith(TRACE_SUFFIXES) and n not in NOT_TRACES
+            and os.path.isfile(os.path.join(directory, n))]
+
+
+def load_job(path: str, strict: bool = False,
+             progress: Optional[Callable[[str, int, int], None]] = None) -> Job:
+    """Load a trace file or a directory of per-rank traces.
+
+    Raises TraceError when nothing at all can be analysed (or, with strict, on any bad file).
+    """
+    if os.path.isdir(path):
+        files = trace_files(path)
+        if not files:
+            raise TraceError(path, "no trace files (*.json, *.json.gz) in this directory")
+        meta_dir = path
+    elif os.path.exists(path):
+        files, meta_dir = [path], os.path.dirname(os.path.abspath(path))
+    else:
+        raise TraceError(path, "no such file or directory")
+
+    loaded, problems = [], []
+    for i, f in enumerate(files):
+        if progress:
+            progress(f, i, len(files))
+        try:
+            loaded.append(load_rank(f))
+        except TraceError as e:
+            if strict:
+                raise
+            problems.append(FileProblem(e.path, e.problem))
+    if progress:
+        progress("", len(files), len(files))
+    if not loaded:
+        if len(problems) == 1:
+            raise TraceError(problems[0].path, problems[0].problem)
+        raise TraceError(path, f"none of the {len(files)} trace files could be read "
+                               f"(first: {os.path.basename(problems[0].path)}: {problems[0].problem})")
+    job = Job(source=str(path), ranks=[], problems=problems)
+    _assign_runs(job, loaded)
+    job.run_meta = _read_run_meta(meta_dir, job, strict)
+    return job
+
+
+def _assign_runs(job: Job, loaded: list[RankTrace]) -> None:
+    """Split files into runs; analyse the largest, report the others."""
+    runs: list[list[RankTrace]] = []
+    for rt in sorted(loaded, key=lambda r: (r.world_size or 0, r.start_epoch_us or 0.0)):
+        for run in runs:
+            first = run[0]
+            if (first.world_size == rt.world_size
+                    and abs((rt.start_epoch_us or 0) - (first.start_epoch_us or 0)) <= SAME_RUN_WINDOW_S * 1e6
+                    and (rt.rank is None or all(r.rank != rt.rank for r in run))):
+                run.append(rt)
+                break
+        else:
+            runs.append([rt])
+    runs.sort(key=lambda run: (len(run), max(r.start_epoch_us or 0 for r in run)), reverse=True)
+    main = runs[0]
+    for other in runs[1:]:
+        job.other_runs.append(sorted(r.path for r in other))
+        job.notes.append(
+            f"{len(other)} file(s) belong to another run (world size {other[0].world_size}, "
+            f"ranks {sorted(r.rank for r in other if r.rank is not None)}) and were not mixed in: "
+            + ", ".join(os.path.basename(r.path) for r in other))
+    unranked = sorted((r for r in main if r.rank is None), key=lambda r: r.path)
+    used = {r.rank for r in main if r.rank is not None}
+    free = (i for i in range(len(main) + len(used) + 1) if i not in used)
+    for r in unranked:
+        r.rank = next(free)
+        job.notes.append(f"{os.path.basename(r.path)}: no distributedInfo, rank unknown; shown as rank {r.rank}")
+    job.ranks = sorted(main, key=lambda r: r.rank)
+
+
+def _read_run_meta(directory: str, job: Job, strict: bool) -> Optional[dict]:
+    p = os.path.join(directory, RUN_METADATA)
+    if not os.path.exists(p):
+        return None
+    try:
+        with open(p, "rb") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError("expected a JSON object")
+        return meta
+    except (OSError, ValueError) as e:
+        if strict:
+            raise TraceError(p, f"unreadable run metadata: {e}") from None
+        job.problems.append(FileProblem(p, f"unreadable run metadata: {e}"))
+        return None

@@ -1,0 +1,42 @@
+"""String interning: every name is stored once and referred to by an integer id.
+
+A trace repeats the same few thousand kernel and operator names hundreds of
+thousands of times; the event table keeps int32 ids and this table keeps the strings.
+"""
+from __future__ import annotations
+
+
+class SymbolTable:
+    __slots__ = ("_ids", "names")
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def intern(self, s: str) -> int:
+        i = self._ids.get(s)
+        if i is None:
+            i = self._ids[s] = len(self.names)
+            self.names.append(s)
+        return i
+
+    def intern_many(self, strings) -> list[int]:
+        ids, names = self._ids, self.names
+        out = []
+        append = out.append
+        for s in strings:
+            i = ids.get(s)
+            if i is None:
+                i = ids[s] = len(names)
+                names.append(s)
+            append(i)
+        return out
+
+    def id_of(self, s: str) -> int:
+        return self._ids.get(s, -1)
+
+    def __getitem__(self, i: int) -> str:
+        return self.names[i]
+
+    def __len__(self) -> int:
+        return len(self.names)

@@ -1,0 +1,92 @@
+"""Columnar per-rank event tables: the one data structure every analysis reads.
+
+One row per complete ("X") event. Times are int64 nanoseconds relative to `t0_us`
+(the trace's first timestamp), so interval arithmetic is exact integer math. Names
+are interned ids into a SymbolTable. Communication details live in a separate,
+much smaller CommTable keyed by row index, because only a few events carry them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from .kinds import GPU_ACTIVITY, Kind
+from .symbols import SymbolTable
+
+
+@dataclass
+class EventTable:
+    ts_ns: np.ndarray          # int64, start relative to t0_us
+    dur_ns: np.ndarray         # int64, >= 0
+    kind: np.ndarray           # int8, Kind
+    name_id: np.ndarray        # int32, into symbols
+    thread: np.ndarray         # int32: host thread index, or GPU stream (see is_gpu)
+    device: np.ndarray         # int16: GPU device, -1 on host events
+    correlation: np.ndarray    # int64: launch <-> kernel link, -1 when absent
+    external_id: np.ndarray    # int64: op <-> launch link, -1 when absent
+    symbols: SymbolTable
+    t0_us: float = 0.0
+
+    def __len__(self) -> int:
+        return int(self.ts_ns.shape[0])
+
+    @property
+    def end_ns(self) -> np.ndarray:
+        return self.ts_ns + self.dur_ns
+
+    def mask(self, *kinds: Kind) -> np.ndarray:
+        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
+
+    def gpu_mask(self) -> np.ndarray:
+        return self.mask(*GPU_ACTIVITY)
+
+    def name(self, row: int) -> str:
+        return self.symbols[int(self.name_id[row])]
+
+    def name_mask(self, predicate) -> np.ndarray:
+        """Rows whose name satisfies predicate; evaluated once per distinct name."""
+        hits = np.fromiter((bool(predicate(s)) for s in self.symbols.names), dtype=bool,
+                           count=len(self.symbols))
+        return hits[self.name_id] if len(hits) else np.zeros(len(self), dtype=bool)
+
+
+@dataclass
+class CommTable:
+    """Communication events as the trace describes them (GPU kernels with NCCL args)."""
+
+    row: np.ndarray            # int64 row in the EventTable
+    coll: np.ndarray           # int8, Coll
+    pg: np.ndarray             # int32, interned process-group name, -1 unknown
+    group_size: np.ndarray     # int32, 0 unknown
+    in_nelems: np.ndarray      # int64, -1 unknown
+    out_nelems: np.ndarray     # int64, -1 unknown
+    dtype_bytes: np.ndarray    # int8, 0 unknown
+    seq: np.ndarray            # int64, -1 unknown
+
+    def __len__(self) -> int:
+        return int(self.row.shape[0])
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace: where it came from, what it says about the job, and its events."""
+
+    path: str
+    rank: Optional[int]                 # from distributedInfo; None when the trace lacks it
+    world_size: Optional[int]
+    backend: Optional[str]
+    events: EventTable
+    comms: CommTable
+    pg_config: list = field(default_factory=list)
+    devices: list = field(default_factory=list)   # deviceProperties entries
+    trace_id: Optional[str] = None
+    start_epoch_us: Optional[float] = None        # best estimate of wall-clock start
+    thread_names: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)   # phase/problem -> count
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(np.any(self.events.gpu_mask()))
