@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA
-from diag.trace import Kind, load_job, load_rank
+from diag.trace import Coll, Kind, load_job, load_rank
 from kineto import TraceBuilder
 
 
@@ -47,12 +47,18 @@ def test_nanosecond_timestamps_keep_their_fraction():
 
 def test_nccl_args_and_old_kernel_names():
     new = load_job(os.path.join(DATA, "a100_rank0_of_2_nccl_args")).ranks[0]
-    assert len(new.comms) == 21
+    gpu = new.events.kind[new.comms.row] == Kind.COMM
+    assert gpu.sum() == 21
     # 15 float all-reduces, 3 float and 3 int64 broadcasts (the kernel name says int8_t: it moves bytes)
-    assert sorted(new.comms.dtype_bytes.tolist()) == [4] * 18 + [8] * 3
-    assert (new.comms.group_size == 2).all()
+    assert sorted(new.comms.dtype_bytes[gpu].tolist()) == [4] * 18 + [8] * 3
+    assert (new.comms.group_size[gpu] == 2).all()
+    assert {new.events.symbols[g] for g in new.comms.group[gpu]} == {"0,1"}
     old = load_job(os.path.join(DATA, "dlrm_2_ranks_alltoall")).ranks[0]
-    assert len(old.comms) == 12 and (old.comms.group_size == 0).all()    # args absent: unknown, not guessed
+    gpu = old.events.kind[old.comms.row] == Kind.COMM
+    assert gpu.sum() == 12 and (old.comms.group_size[gpu] == 0).all()   # args absent: unknown, not guessed
+    # ...but the host op that launched them says what they are
+    host_colls = {Coll(c).name for c in old.comms.coll[~gpu]}
+    assert "ALL_TO_ALL" in host_colls
 
 
 def test_cpu_only_trace_has_no_gpu_timeline():

@@ -11,8 +11,14 @@ from ..trace.job import Job
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step
+from .findings import findings
 from .kernels import top_kernels
-from .results import Diagnosis, Problem, RankResult, StepTime
+from ..topology import RankGrid
+from .collectives import RankComms, attribute_axes, gpu_comms, host_comms
+from .commstats import axis_overlap, op_stats, rank_comm
+from .matching import match
+from .results import CommAnalysis, Diagnosis, Problem, RankResult, StepTime
+from .stragglers import collective_stragglers, step_stragglers
 from .steps import gpu_window, host_steps, host_window
 
 
@@ -29,6 +35,10 @@ def device_name(rt: RankTrace) -> Optional[str]:
 
 
 def analyse_rank(rt: RankTrace, top_n: int = 10) -> RankResult:
+    return _rank_pass(rt, top_n)[0]
+
+
+def _rank_pass(rt: RankTrace, top_n: int):
     t = rt.events
     steps = host_steps(t)
     timeline = "gpu" if rt.has_gpu else "host"
@@ -48,16 +58,53 @@ def analyse_rank(rt: RankTrace, top_n: int = 10) -> RankResult:
     if w.excluded_rows:
         notes.append(f"{w.excluded_rows} {timeline} events left out of the window: {w.excluded_why}")
     notes += [f"{n} {what}" for what, n in rt.skipped.items()]
+    comms = gpu_comms(rt, w) if timeline == "gpu" else host_comms(rt, w)
     return RankResult(
         rank=int(rt.rank), file=rt.path, device=device_name(rt), timeline=timeline,
         breakdown=breakdown, overlap=overlap, steps=step_list,
         step_time_s=float(np.median([s.host_s for s in step_list])) if step_list else None,
         top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
-        events=len(t), excluded_events=w.excluded_rows, notes=notes)
+        events=len(t), excluded_events=w.excluded_rows, notes=notes), comms
 
 
-def diagnose(job: Job, top_n: int = 10) -> Diagnosis:
-    ranks = [analyse_rank(rt, top_n) for rt in job.ranks]
+def job_grid(job: Job, tp: Optional[int], pp: Optional[int]) -> Optional[RankGrid]:
+    """The TP x PP x DP grid: given sizes, else the trainer's diag_run.json, else unknown."""
+    meta = job.run_meta or {}
+    tp = tp or meta.get("tp")
+    pp = pp or meta.get("pp")
+    world = job.world_size or meta.get("world_size")
+    if not (tp and pp and world):
+        return None
+    return RankGrid.from_world(int(world), int(tp), int(pp))
+
+
+def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Optional[int],
+                  device: Optional[str], link_gbps: Optional[float]) -> CommAnalysis:
+    matched, inferred = match(comms, world)
+    steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
+    ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps),
+                      axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
+    ca.stragglers = collective_stragglers(comms, matched, steps) + step_stragglers(ranks)
+    if inferred:
+        ca.notes.append("the traces do not name the process group of some collectives: matched across all "
+                        "ranks because every rank shows the same sequence of them")
+    if any(a.axis == "unknown" for a in ca.axes):
+        ca.notes.append("parallel axis unknown for some communication: the trace has no diag:comm labels; "
+                        "give --tp and --pp (or a diag_run.json) to attribute groups to TP/PP/DP")
+    return ca
+
+
+def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[int] = None,
+             link_gbps: Optional[float] = None) -> Diagnosis:
+    grid = job_grid(job, tp, pp)
+    passes = [_rank_pass(rt, top_n) for rt in job.ranks]
+    ranks = [p[0] for p in passes]
+    comms = [p[1] for p in passes]
+    for rc in comms:
+        attribute_axes(rc, grid)
+    devices = [r.device for r in ranks if r.device]
+    ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps) \
+        if any(len(rc) for rc in comms) else None
     backends = {rt.backend for rt in job.ranks if rt.backend}
     notes = list(job.notes)
     return Diagnosis(
@@ -65,4 +112,4 @@ def diagnose(job: Job, top_n: int = 10) -> Diagnosis:
         backend=", ".join(sorted(backends)) or None, ranks=ranks,
         missing_ranks=job.missing_ranks,
         problems=[Problem(p.path, p.problem) for p in job.problems],
-        other_runs=job.other_runs, notes=notes, run=job.run_meta)
+        other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca))

@@ -95,5 +95,73 @@ class Diagnosis:
     other_runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     run: Optional[dict] = None            # diag_run.json, when the trainer wrote one
+    comm: Optional["CommAnalysis"] = None
+    findings: list["Finding"] = field(default_factory=list)
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
+
+
+@dataclass
+class CommOpStat:
+    """One parallel axis × collective × message-size bucket, over all ranks analysed."""
+
+    axis: str                          # tp | pp | dp | unknown
+    op: str                            # all_reduce, all_gather, ...
+    size_bucket: str                   # "1-16MiB", or "unknown"
+    calls: int                         # instances summed over ranks
+    ranks: int
+    median_bytes: Optional[float]
+    time_s: float                      # per rank (mean over ranks), whole window
+    exposed_s: float                   # per rank, not hidden behind compute
+    wait_s: float                      # per rank, waiting for the last rank to arrive
+    busbw_median_gbps: Optional[float]  # GB/s (1e9 B/s), nccl-tests busbw
+    busbw_p95_gbps: Optional[float]
+    busbw_basis: Optional[str]         # "transfer" (matched across the group) or "kernel (includes wait)"
+    link: Optional[str] = None
+    link_peak_gbps: Optional[float] = None
+    efficiency: Optional[float] = None  # busbw_median / link peak
+
+
+@dataclass
+class AxisOverlap:
+    axis: str
+    comm_s: float                      # per rank
+    exposed_s: float                   # per rank
+    hidden_ratio: Optional[float]
+    exposed_per_step_s: Optional[float]
+
+
+@dataclass
+class RankComm:
+    rank: int
+    comm_s: float
+    exposed_s: float
+    wait_s: float
+    matched: int                       # instances matched with their group
+    arrived_last: int                  # of those, how often this rank was the last to arrive
+
+
+@dataclass
+class Straggler:
+    rank: int
+    reason: str                        # "arrives last at collectives" | "slow steps"
+    evidence: str
+
+
+@dataclass
+class CommAnalysis:
+    ops: list[CommOpStat] = field(default_factory=list)
+    axes: list[AxisOverlap] = field(default_factory=list)
+    ranks: list[RankComm] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    """One way a step loses time, in seconds per step: the report leads with the biggest."""
+
+    what: str                          # "exposed DP communication", "GPU idle", ...
+    seconds_per_step: float
+    share_of_step: Optional[float]     # of the median step time; None when steps are unknown
+    detail: str

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
+from .hostlink import launches
 
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 
@@ -42,18 +43,7 @@ def host_steps(t: EventTable) -> StepSpans:
 
 def launch_times(t: EventTable, rows: np.ndarray) -> np.ndarray:
     """Host time at which each GPU row was launched; -1 where the launch is not in the trace."""
-    launches = np.flatnonzero((t.kind == Kind.RUNTIME) & (t.correlation >= 0))
-    out = np.full(rows.size, -1, dtype=np.int64)
-    if launches.size == 0 or rows.size == 0:
-        return out
-    corr = t.correlation[launches]
-    order = np.argsort(corr, kind="stable")
-    corr, lts = corr[order], t.ts_ns[launches][order]
-    want = t.correlation[rows]
-    pos = np.clip(np.searchsorted(corr, want), 0, corr.size - 1)
-    hit = (corr[pos] == want) & (want >= 0)
-    out[hit] = lts[pos[hit]]
-    return out
+    return launches(t, rows)[0]
 
 
 @dataclass

@@ -56,3 +56,36 @@ RANK_HEADER = ["rank", "step ms", "span ms", "comp%", "comm%", "mem%", "idle%", 
 RANK_LEGEND = ("step: median ProfilerStep wall time; span: first to last activity in the window; "
                "comm: communication not hidden by compute; ovl: share of communication under compute; "
                "exp ms: exposed communication per step")
+
+
+def finding_rows(d: Diagnosis) -> list[list[str]]:
+    return [[f.what, ms(f.seconds_per_step, 2), "-" if f.share_of_step is None else f"{100 * f.share_of_step:.1f}"]
+            for f in d.findings]
+
+
+FINDING_HEADER = ["where the time goes", "ms/step", "% step"]
+AXIS_HEADER = ["axis", "comm ms/step", "exposed ms/step", "hidden %"]
+OPS_HEADER = ["collective", "size", "calls", "ms/rank", "exposed", "wait", "busbw", "eff %"]
+OPS_LEGEND = ("ms/rank, exposed, wait: ms per rank over the window; busbw: GB/s (nccl-tests bus bandwidth) "
+              "from the transfer time matched across the group; * = from one rank's kernel time, "
+              "which includes waiting; eff: busbw / link peak")
+
+
+def axis_rows(d: Diagnosis) -> list[list[str]]:
+    if not d.comm:
+        return []
+    steps = max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+    return [[a.axis, ms(a.comm_s / steps, 2), ms(a.exposed_s / steps, 2),
+             pct(None if a.hidden_ratio is None else 100 * a.hidden_ratio)] for a in d.comm.axes]
+
+
+def op_rows(d: Diagnosis) -> list[list[str]]:
+    if not d.comm:
+        return []
+    rows = []
+    for o in d.comm.ops:
+        bw = "-" if o.busbw_median_gbps is None else f"{o.busbw_median_gbps:,.2f}" + (
+            "*" if o.busbw_basis != "transfer" else "")
+        rows.append([f"{o.axis}:{o.op}", o.size_bucket, str(o.calls), ms(o.time_s, 2), ms(o.exposed_s, 2),
+                     ms(o.wait_s, 2), bw, pct(None if o.efficiency is None else 100 * o.efficiency)])
+    return rows

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..analysis.results import Diagnosis
-from .fmt import RANK_HEADER, RANK_LEGEND, headline, ms, rank_row, short_kernel
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, RANK_HEADER, RANK_LEGEND, axis_rows,
+                  finding_rows, headline, ms, op_rows, rank_row, short_kernel)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -15,10 +16,18 @@ def render_markdown(d: Diagnosis) -> str:
     lines = ["# diag report", ""] + [f"- {h}" for h in headline(d)]
     lines += [f"- **problem** `{p.file}`: {p.problem}" for p in d.problems]
     lines += [f"- note: {n}" for n in d.notes]
+    if d.findings:
+        lines += ["", "## Where the time goes, biggest loss first", ""] + _table(FINDING_HEADER, finding_rows(d))
     lines += ["", "## Temporal breakdown", ""]
     lines += _table(RANK_HEADER, [rank_row(r) for r in d.ranks])
     lines += ["", f"_{RANK_LEGEND}_", ""]
     lines += ["Window: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})), ""]
+    if d.comm:
+        lines += ["## Communication by parallel axis", ""] + _table(AXIS_HEADER, axis_rows(d)) + [""]
+        lines += ["## Collectives by axis, op and message size", ""] + _table(OPS_HEADER, op_rows(d))
+        lines += ["", f"_{OPS_LEGEND}_", ""]
+        lines += [f"- **straggler** rank {s.rank} {s.reason}: {s.evidence}" for s in d.comm.stragglers]
+        lines += [f"- note: {n}" for n in d.comm.notes] + [""]
     for r in d.ranks:
         if r.top_kernels:
             lines += [f"## Top kernels, rank {r.rank}", ""]

@@ -1,14 +1,15 @@
-"""Terminal report: aligned tables with units, readable in 80 columns."""
+"""Terminal report: aligned tables with units, readable in 80 columns, biggest loss first."""
 from __future__ import annotations
 
 import io
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
-from rich import box
 
 from ..analysis.results import Diagnosis
-from .fmt import RANK_HEADER, RANK_LEGEND, headline, ms, rank_row, short_kernel
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, RANK_HEADER, RANK_LEGEND, axis_rows,
+                  finding_rows, headline, ms, op_rows, rank_row, short_kernel)
 
 
 def _table(title: str, header: list[str]) -> Table:
@@ -17,6 +18,18 @@ def _table(title: str, header: list[str]) -> Table:
     for i, h in enumerate(header):
         t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
     return t
+
+
+def _print_table(con: Console, title: str, header: list[str], rows: list[list[str]], legend: str = "") -> None:
+    if not rows:
+        return
+    t = _table(title, header)
+    for r in rows:
+        t.add_row(*r)
+    con.print(t)
+    if legend:
+        con.print(legend, style="dim")
+    con.print()
 
 
 def render_text(d: Diagnosis, width: int = 80) -> str:
@@ -30,32 +43,29 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
     for n in d.notes:
         con.print(f"note: {n}", soft_wrap=True, markup=False)
     con.print()
-
+    _print_table(con, "Where the time goes, biggest loss first", FINDING_HEADER, finding_rows(d))
     timeline = d.ranks[0].breakdown.timeline if d.ranks else "gpu"
     title = ("Temporal breakdown, GPU timeline (all streams merged)" if timeline == "gpu"
              else "Temporal breakdown, host timeline (CPU-only trace)")
-    t = _table(title, RANK_HEADER)
-    for r in d.ranks:
-        t.add_row(*rank_row(r))
-    con.print(t)
-    con.print(RANK_LEGEND, style="dim")
-    window = {r.breakdown.window for r in d.ranks}
-    con.print("Window: " + "; ".join(sorted(window)))
-
-    for r in d.ranks[:1] if len(d.ranks) > 1 else d.ranks:
-        if not r.top_kernels:
-            continue
-        con.print()
-        kt = _table(f"Top kernels, rank {r.rank}" + (" (others: --format json)" if len(d.ranks) > 1 else ""),
-                    ["kernel", "kind", "count", "ms", "%"])
-        for k in r.top_kernels:
-            kt.add_row(short_kernel(k.name), k.kind, str(k.count), ms(k.total_s, 2), f"{100 * k.share:.1f}")
-        con.print(kt)
+    _print_table(con, title, RANK_HEADER, [rank_row(r) for r in d.ranks],
+                 RANK_LEGEND + "\nWindow: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})))
+    if d.comm:
+        _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
+        _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), OPS_LEGEND)
+        for s in d.comm.stragglers:
+            con.print(f"straggler: rank {s.rank} {s.reason}: {s.evidence}", markup=False)
+        for n in d.comm.notes:
+            con.print(f"note: {n}", style="dim", markup=False)
+        if d.comm.stragglers or d.comm.notes:
+            con.print()
+    for r in d.ranks[:1]:
+        rows = [[short_kernel(k.name), k.kind, str(k.count), ms(k.total_s, 2), f"{100 * k.share:.1f}"]
+                for k in r.top_kernels]
+        title = f"Top kernels, rank {r.rank}" + (" (others: --format json)" if len(d.ranks) > 1 else "")
+        _print_table(con, title, ["kernel", "kind", "count", "ms", "%"], rows)
     rank_notes = [(r.rank, n) for r in d.ranks for n in r.notes]
-    if rank_notes:
-        con.print()
-        for rank, n in rank_notes[:12]:
-            con.print(f"rank {rank}: {n}", style="dim")
-        if len(rank_notes) > 12:
-            con.print(f"... {len(rank_notes) - 12} more notes in --format json", style="dim")
+    for rank, n in rank_notes[:8]:
+        con.print(f"rank {rank}: {n}", style="dim", markup=False)
+    if len(rank_notes) > 8:
+        con.print(f"... {len(rank_notes) - 8} more notes in --format json", style="dim")
     return buf.getvalue()

@@ -99,11 +99,11 @@ def coll_from_kernel(name: str) -> Coll:
     return _COLL_WORDS.get(m.group(1).lower(), Coll.UNKNOWN) if m else Coll.UNKNOWN
 
 
-_GLOO_RE = re.compile(r"^(?:gloo|c10d):+([A-Za-z_]+?)_?$")
+_GLOO_RE = re.compile(r"^(?:gloo|c10d|nccl):+([A-Za-z_]+?)_?$")
 
 
 def coll_from_host_op(name: str) -> Coll:
-    """'gloo:all_reduce', 'c10d::allreduce_', 'c10d::_allgather_base_' -> Coll."""
+    """'gloo:all_reduce', 'c10d::allreduce_', 'nccl:all_to_all', 'c10d::_allgather_base_' -> Coll."""
     m = _GLOO_RE.match(name)
     return coll_from_arg(m.group(1)) if m else Coll.UNKNOWN
 

@@ -54,11 +54,13 @@ class EventTable:
 
 @dataclass
 class CommTable:
-    """Communication events as the trace describes them (GPU kernels with NCCL args)."""
+    """Communication events as the trace describes them: GPU comm kernels, and the host spans
+    that describe communication (record_param_comms, c10d::*, gloo:*, nccl:*, diag:comm:*)."""
 
     row: np.ndarray            # int64 row in the EventTable
     coll: np.ndarray           # int8, Coll
     pg: np.ndarray             # int32, interned process-group name, -1 unknown
+    group: np.ndarray          # int32, interned sorted member ranks "0,1,2", -1 unknown
     group_size: np.ndarray     # int32, 0 unknown
     in_nelems: np.ndarray      # int64, -1 unknown
     out_nelems: np.ndarray     # int64, -1 unknown

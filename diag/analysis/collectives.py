@@ -1,0 +1,175 @@
+"""Every communication op of every rank, with its size, group, parallel axis and timing.
+
+Per rank, one row per op instance on the rank's timeline: GPU communication kernels on
+GPU traces; `gloo:*` transfer spans (or the trainer's `diag:comm:*` labels) on CPU-only
+traces. What an op is comes from the best source present, in this order: the kernel's own
+NCCL args; the host ops that launched it (`record_param_comms` args, `c10d::*` names,
+`Input Dims`); the trainer's `diag:comm:<axis>:<op>:<bytes>` label. Missing facts stay
+unknown (-1 / 0), never guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..topology import RankGrid
+from ..trace.kinds import Coll, Kind
+from ..trace.table import RankTrace
+from . import intervals as iv
+from .bandwidth import message_bytes
+from .breakdown import HOST_COMM_RE, host_split
+from .hostlink import C10D_RE, LABEL_RE, enclosing, launches
+from .steps import Window
+
+AXES = ("tp", "pp", "dp")
+AXIS_UNKNOWN = -1
+_LABEL_OPS = {"all_reduce": Coll.ALL_REDUCE, "all_gather": Coll.ALL_GATHER, "reduce_scatter": Coll.REDUCE_SCATTER,
+              "broadcast": Coll.BROADCAST, "all_to_all": Coll.ALL_TO_ALL, "send": Coll.SEND, "recv": Coll.RECV}
+
+
+@dataclass
+class RankComms:
+    """One rank's communication instances (columnar)."""
+
+    rank: int
+    coll: np.ndarray        # int8 Coll
+    axis: np.ndarray        # int8 index into AXES, -1 unknown
+    group: list             # member-rank key "0,1,2" or None, per instance
+    group_size: np.ndarray  # int32, 0 unknown
+    nbytes: np.ndarray      # int64 message size S (nccl-tests convention), -1 unknown
+    start_ns: np.ndarray    # on this rank's clock
+    dur_ns: np.ndarray
+    exposed_ns: np.ndarray  # part not hidden behind compute
+    step: np.ndarray        # step index, -1 outside steps
+    compute: iv.Intervals = iv.EMPTY   # the rank's compute timeline, to measure exposure of any subset
+
+    def __len__(self) -> int:
+        return int(self.coll.size)
+
+
+def _label_info(t, label_rows: np.ndarray):
+    axis = np.full(label_rows.size, AXIS_UNKNOWN, dtype=np.int8)
+    coll = np.zeros(label_rows.size, dtype=np.int8)
+    nbytes = np.full(label_rows.size, -1, dtype=np.int64)
+    for i, r in enumerate(label_rows):
+        if r < 0:
+            continue
+        m = LABEL_RE.match(t.name(r))
+        if m:
+            axis[i], coll[i], nbytes[i] = AXES.index(m.group(1)), _LABEL_OPS.get(m.group(2), 0), int(m.group(3))
+    return axis, coll, nbytes
+
+
+def _comm_args(rt: RankTrace) -> dict[int, int]:
+    """event row -> CommTable index."""
+    return {int(r): i for i, r in enumerate(rt.comms.row)}
+
+
+def _facts(rt: RankTrace, rows: np.ndarray):
+    """(coll, group key, group size, bytes) of rows from their own CommTable args."""
+    c, by_row, sym = rt.comms, _comm_args(rt), rt.events.symbols
+    coll = np.zeros(rows.size, np.int8)
+    size = np.zeros(rows.size, np.int32)
+    nbytes = np.full(rows.size, -1, np.int64)
+    group: list = [None] * rows.size
+    for i, r in enumerate(rows):
+        j = by_row.get(int(r))
+        if j is None:
+            continue
+        coll[i], size[i] = c.coll[j], c.group_size[j]
+        group[i] = sym[int(c.group[j])] if c.group[j] >= 0 else None
+        if not size[i] and group[i]:
+            size[i] = group[i].count(",") + 1
+        b = message_bytes(Coll(int(c.coll[j])), int(c.in_nelems[j]), int(c.out_nelems[j]),
+                          int(c.dtype_bytes[j]), int(size[i]))
+        nbytes[i] = -1 if b is None else b
+    return coll, group, size, nbytes
+
+
+def _fill(dst_coll, dst_group, dst_size, dst_bytes, src, prefer_coll=False):
+    coll, group, size, nbytes = src
+    take = (dst_coll == Coll.UNKNOWN) | (prefer_coll & (coll != Coll.UNKNOWN))
+    dst_coll[take] = coll[take]
+    for i, g in enumerate(group):
+        if dst_group[i] is None and g is not None:
+            dst_group[i] = g
+    dst_size[dst_size == 0] = size[dst_size == 0]
+    dst_bytes[dst_bytes < 0] = nbytes[dst_bytes < 0]
+
+
+def gpu_comms(rt: RankTrace, w: Window) -> RankComms:
+    t = rt.events
+    sel = t.kind[w.rows] == Kind.COMM
+    rows, step = w.rows[sel], w.step_index[sel]
+    coll, group, size, nbytes = _facts(rt, rows)
+    lts, lth = launches(t, rows)
+    # The launching host ops fill what the kernel's args do not say. A host op's name
+    # (c10d::alltoall_base_) beats the kernel's (SendRecv implements all-to-all).
+    for pred, prefer in ((lambda s: s == "record_param_comms", False), (C10D_RE.match, True)):
+        host = enclosing(t, lts, lth, pred)
+        _fill(coll, group, size, nbytes, _masked(_facts(rt, np.maximum(host, 0)), host >= 0), prefer_coll=prefer)
+    label = enclosing(t, lts, lth, LABEL_RE.match, kinds=(Kind.ANNOTATION,))
+    axis, lcoll, lbytes = _label_info(t, label)
+    coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
+    nbytes[nbytes < 0] = lbytes[nbytes < 0]
+    compute = iv.merge(t.ts_ns[w.rows[t.kind[w.rows] == Kind.COMPUTE]], t.end_ns[w.rows[t.kind[w.rows] == Kind.COMPUTE]])
+    rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
+    implied_group_size(rc, rt.pg_config)
+    return rc
+
+
+def _masked(facts, ok: np.ndarray):
+    coll, group, size, nbytes = facts
+    return (np.where(ok, coll, 0).astype(np.int8), [g if k else None for g, k in zip(group, ok)],
+            np.where(ok, size, 0).astype(np.int32), np.where(ok, nbytes, -1))
+
+
+def host_comms(rt: RankTrace, w: Window) -> RankComms:
+    """CPU-only traces: transfers are `gloo:*` spans on worker threads, or trainer labels."""
+    t = rt.events
+    names = t.name_mask(HOST_COMM_RE.match)[w.rows]
+    gloo = t.name_mask(lambda s: s.startswith("gloo:"))[w.rows]
+    labels = t.name_mask(LABEL_RE.match)[w.rows]
+    pick = gloo if gloo.any() else labels if labels.any() else names & ~t.name_mask(
+        lambda s: s == "record_param_comms")[w.rows]
+    rows, step = w.rows[pick], w.step_index[pick]
+    coll, group, size, nbytes = _facts(rt, rows)
+    axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
+    coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
+    nbytes[nbytes < 0] = lbytes[nbytes < 0]
+    compute, _ = host_split(t, w)
+    rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
+    implied_group_size(rc, rt.pg_config)
+    return rc
+
+
+def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute) -> RankComms:
+    start, end = t.ts_ns[rows], t.end_ns[rows]
+    exposed_set = iv.subtract(iv.merge(start, end), compute)
+    return RankComms(rank=int(rank), coll=coll.astype(np.int8), axis=axis.astype(np.int8), group=group,
+                     group_size=size.astype(np.int32), nbytes=nbytes.astype(np.int64), start_ns=start,
+                     dur_ns=t.dur_ns[rows], exposed_ns=_exposed_each(exposed_set, start, end),
+                     step=step.astype(np.int64), compute=compute)
+
+
+def implied_group_size(rc: RankComms, pg_config: list) -> None:
+    """When every process group of the job has the same size, an unnamed group has it too."""
+    sizes = {pg.get("pg_size") for pg in pg_config if isinstance(pg, dict)}
+    if len(sizes) == 1 and isinstance(next(iter(sizes)), int):
+        rc.group_size[rc.group_size == 0] = next(iter(sizes))
+
+
+def _exposed_each(exposed: iv.Intervals, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    return iv.lengths_in_windows(exposed, start, end) if start.size else np.zeros(0, np.int64)
+
+
+def attribute_axes(rc: RankComms, grid: Optional[RankGrid]) -> None:
+    """Axis from the group's member ranks when the grid is known (labels already set theirs)."""
+    if grid is None:
+        return
+    by_key = {",".join(map(str, g)): AXES.index(a) for a in AXES for g in grid.groups(a) if len(g) > 1}
+    for i, g in enumerate(rc.group):
+        if rc.axis[i] == AXIS_UNKNOWN and g in by_key:
+            rc.axis[i] = by_key[g]

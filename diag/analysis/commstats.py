@@ -1,0 +1,102 @@
+"""Aggregate matched communication instances per parallel axis, op and message size.
+
+busbw uses the transfer time (shortest matched instance) when the whole group's traces
+are present; otherwise the rank's own kernel time, which includes waiting, and says so.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+import numpy as np
+
+from ..hardware import intra_node_link
+from ..trace.kinds import Coll
+from . import intervals as iv
+from .bandwidth import BUCKETS, busbw_array, size_bucket_array
+from .collectives import AXES, RankComms
+from .matching import Matched
+from .results import AxisOverlap, CommOpStat, RankComm
+
+NS = 1e-9
+
+
+def _axis_name(a: int) -> str:
+    return AXES[a] if 0 <= a < len(AXES) else "unknown"
+
+
+def _concat(comms: list[RankComms], matched: list[Matched]) -> dict:
+    cols = {k: np.concatenate([getattr(rc, k) for rc in comms]) if comms else np.zeros(0)
+            for k in ("coll", "axis", "group_size", "nbytes", "dur_ns", "exposed_ns", "step")}
+    cols["rank"] = np.concatenate([np.full(len(rc), rc.rank) for rc in comms]) if comms else np.zeros(0)
+    for k in ("transfer_ns", "wait_ns", "complete"):
+        cols[k] = np.concatenate([getattr(m, k) for m in matched]) if matched else np.zeros(0)
+    return cols
+
+
+def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
+             device: Optional[str], link_gbps: Optional[float]) -> list[CommOpStat]:
+    c = _concat(comms, matched)
+    if c["coll"].size == 0:
+        return []
+    bucket = size_bucket_array(c["nbytes"])
+    use_transfer = c["complete"].astype(bool) & (c["transfer_ns"] > 0)
+    secs = np.where(use_transfer, c["transfer_ns"], c["dur_ns"]) * NS
+    bw = busbw_array(c["coll"], c["nbytes"], secs, c["group_size"]) / 1e9
+    link = intra_node_link(device) if link_gbps is None else ("given", link_gbps * 1e9)
+    groups = defaultdict(list)
+    for i, key in enumerate(zip(c["axis"].tolist(), c["coll"].tolist(), bucket.tolist())):
+        groups[key].append(i)
+    out = []
+    for (axis, coll, b), idx in groups.items():
+        idx = np.array(idx)
+        valid = np.isfinite(bw[idx]) & (bw[idx] > 0)
+        transfer = use_transfer[idx][valid]
+        basis = None
+        vals = bw[idx][valid]
+        if vals.size:
+            if transfer.any():
+                vals, basis = vals[transfer], "transfer"
+            else:
+                basis = "kernel (includes wait)"
+        ranks = len(set(c["rank"][idx].tolist()))
+        med = float(np.median(vals)) if vals.size else None
+        nb = c["nbytes"][idx]
+        peak = link[1] / 1e9 if link else None
+        out.append(CommOpStat(
+            axis=_axis_name(axis), op=Coll(coll).name.lower(),
+            size_bucket=BUCKETS[b] if 0 <= b < len(BUCKETS) else "unknown", calls=int(idx.size), ranks=ranks,
+            median_bytes=float(np.median(nb[nb >= 0])) if (nb >= 0).any() else None,
+            time_s=float(c["dur_ns"][idx].sum()) * NS / max(n_ranks, 1),
+            exposed_s=float(c["exposed_ns"][idx].sum()) * NS / max(n_ranks, 1),
+            wait_s=float(c["wait_ns"][idx].sum()) * NS / max(n_ranks, 1),
+            busbw_median_gbps=med, busbw_p95_gbps=float(np.percentile(vals, 95)) if vals.size else None,
+            busbw_basis=basis, link=link[0] if link else None, link_peak_gbps=peak,
+            efficiency=med / peak if med is not None and peak else None))
+    out.sort(key=lambda s: -s.exposed_s)
+    return out
+
+
+def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisOverlap]:
+    """Per axis, mean over ranks of its communication timeline (union) and the part not under compute."""
+    out = []
+    for a in sorted({int(a) for rc in comms for a in rc.axis.tolist()}):
+        dur = exp = 0
+        for rc in comms:
+            sel = rc.axis == a
+            u = iv.merge(rc.start_ns[sel], rc.start_ns[sel] + rc.dur_ns[sel])
+            dur += iv.length(u)
+            exp += iv.length(iv.subtract(u, rc.compute))
+        dur_s, exp_s = dur * NS / max(n_ranks, 1), exp * NS / max(n_ranks, 1)
+        out.append(AxisOverlap(axis=_axis_name(a), comm_s=dur_s, exposed_s=exp_s,
+                               hidden_ratio=(dur_s - exp_s) / dur_s if dur_s > 0 else None,
+                               exposed_per_step_s=exp_s / steps if steps else None))
+    out.sort(key=lambda x: -x.exposed_s)
+    return out
+
+
+def rank_comm(comms: list[RankComms], matched: list[Matched]) -> list[RankComm]:
+    return [RankComm(rank=rc.rank, comm_s=float(rc.dur_ns.sum()) * NS, exposed_s=float(rc.exposed_ns.sum()) * NS,
+                     wait_s=float(m.wait_ns.sum()) * NS, matched=int((m.match_id >= 0).sum()),
+                     arrived_last=int(m.last.sum()))
+            for rc, m in zip(comms, matched)]

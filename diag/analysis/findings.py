@@ -1,0 +1,52 @@
+"""Rank the ways a step loses time, biggest first, each with the numbers behind it."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .results import CommAnalysis, Finding, RankResult
+
+MIN_SHARE = 0.01       # under 1% of a step is not worth a line
+
+
+def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int]:
+    steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
+    times = [r.step_time_s for r in ranks if r.step_time_s]
+    return (float(np.median(times)) if times else None), steps
+
+
+def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Finding]:
+    step_s, steps = _per_step(ranks)
+    if not ranks:
+        return []
+    n = max(steps, 1)
+    unit = "per step" if steps else "in the window (no ProfilerStep marks)"
+    out: list[Finding] = []
+
+    def add(what: str, seconds: float, detail: str) -> None:
+        share = seconds / step_s if step_s else None
+        if seconds > 0 and (share is None or share >= MIN_SHARE):
+            out.append(Finding(what, seconds, share, detail))
+
+    idle = float(np.mean([r.breakdown.idle_s for r in ranks])) / n
+    timeline = ranks[0].breakdown.timeline
+    worst = max(ranks, key=lambda r: r.breakdown.idle_s)
+    add("GPU idle" if timeline == "gpu" else "host idle (outside operators)", idle,
+        f"mean over {len(ranks)} rank(s) {unit}; most on rank {worst.rank} "
+        f"({worst.breakdown.pct(worst.breakdown.idle_s):.1f}% of its span)")
+    mem = float(np.mean([r.breakdown.memory_s for r in ranks])) / n
+    add("memory copies not hidden", mem, f"memcpy/memset not under compute or communication, {unit}")
+    if comm:
+        for a in comm.axes:
+            label = "communication (axis unknown)" if a.axis == "unknown" else f"exposed {a.axis.upper()} communication"
+            hidden = f"{100 * a.hidden_ratio:.0f}% hidden behind compute" if a.hidden_ratio is not None else ""
+            add(label, a.exposed_per_step_s if a.exposed_per_step_s is not None else a.exposed_s,
+                f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}")
+        for s in comm.stragglers:
+            if s.reason == "arrives last at collectives":
+                waited = sum(r.wait_s for r in comm.ranks if r.rank != s.rank) / max(len(comm.ranks) - 1, 1)
+                add(f"waiting for rank {s.rank}", waited / n,
+                    s.evidence + " (this wait is part of the communication time above)")
+    out.sort(key=lambda f: -f.seconds_per_step)
+    return out

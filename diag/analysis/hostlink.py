@@ -1,0 +1,62 @@
+"""Link GPU communication kernels to the host operations that launched them.
+
+Older traces carry no NCCL args on kernels: what the kernel moved, in which group, and
+for which parallel axis is only said on the host, by the ops enclosing its launch
+(`c10d::alltoall_base_`, `record_param_comms` with args, `nccl:all_to_all`, and the
+trainer's `diag:comm:<axis>:<op>:<bytes>` label). The kernel's launch is found by
+`correlation`; enclosing ops by time containment on the launching thread.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.table import EventTable
+
+LABEL_RE = re.compile(r"^diag:comm:(tp|pp|dp):([a-z_]+):(\d+)")
+C10D_RE = re.compile(r"^(c10d::|nccl:|gloo:)")
+
+
+def enclosing(t: EventTable, points_ns: np.ndarray, threads: np.ndarray,
+              predicate: Callable[[str], object], kinds=(Kind.CPU_OP, Kind.ANNOTATION)) -> np.ndarray:
+    """For each (time, host thread), the innermost row matching predicate that contains it; -1 if none.
+
+    Rows of one pattern are assumed not to nest among themselves on a thread (true for
+    collectives and labels); among overlapping candidates the latest-starting wins.
+    """
+    out = np.full(points_ns.size, -1, dtype=np.int64)
+    cand = np.flatnonzero(t.name_mask(predicate) & t.mask(*kinds))
+    if cand.size == 0 or points_ns.size == 0:
+        return out
+    for th in np.unique(threads[threads >= 0]):
+        rows = cand[t.thread[cand] == th]
+        if rows.size == 0:
+            continue
+        rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
+        sel = np.flatnonzero(threads == th)
+        i = np.searchsorted(t.ts_ns[rows], points_ns[sel], side="right") - 1
+        ok = i >= 0
+        hit = np.where(ok, rows[np.maximum(i, 0)], -1)
+        ok &= t.end_ns[np.maximum(hit, 0)] >= points_ns[sel]
+        out[sel[ok]] = hit[ok]
+    return out
+
+
+def launches(t: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(launch time, launch thread) of GPU rows via correlation; -1 where not found."""
+    lrows = np.flatnonzero((t.kind == Kind.RUNTIME) & (t.correlation >= 0))
+    ts = np.full(rows.size, -1, dtype=np.int64)
+    th = np.full(rows.size, -1, dtype=np.int64)
+    if lrows.size == 0 or rows.size == 0:
+        return ts, th
+    order = np.argsort(t.correlation[lrows], kind="stable")
+    corr = t.correlation[lrows][order]
+    want = t.correlation[rows]
+    pos = np.clip(np.searchsorted(corr, want), 0, corr.size - 1)
+    hit = (corr[pos] == want) & (want >= 0)
+    src = lrows[order][pos[hit]]
+    ts[hit], th[hit] = t.ts_ns[src], t.thread[src]
+    return ts, th
