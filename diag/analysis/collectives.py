@@ -136,13 +136,37 @@ def host_comms(rt: RankTrace, w: Window) -> RankComms:
         lambda s: s == "record_param_comms")[w.rows]
     rows, step = w.rows[pick], w.step_index[pick]
     coll, group, size, nbytes = _facts(rt, rows)
-    axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
-    coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
-    nbytes[nbytes < 0] = lbytes[nbytes < 0]
+    if gloo.any() and labels.any():
+        axis = _pair_with_labels(t, rows, coll, nbytes, w.rows[labels])
+    else:
+        axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
+        coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
+        nbytes[nbytes < 0] = lbytes[nbytes < 0]
     compute, _ = host_split(t, w)
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
     implied_group_size(rc, rt.pg_config)
     return rc
+
+
+def _pair_with_labels(t, rows, coll, nbytes, label_rows) -> np.ndarray:
+    """Axis of each gloo transfer span from the trainer's labels.
+
+    gloo runs the transfer on a worker thread, away from the `diag:comm` label on the main
+    thread. A process group executes its ops in the order they were issued, so the k-th
+    transfer of a given (op, bytes) belongs to the k-th label of that (op, bytes).
+    """
+    l_axis, l_coll, l_bytes = _label_info(t, label_rows[np.argsort(t.ts_ns[label_rows], kind="stable")])
+    queues: dict = {}
+    for a, c, b in zip(l_axis.tolist(), l_coll.tolist(), l_bytes.tolist()):
+        queues.setdefault((c, b), []).append(a)
+    axis = np.full(rows.size, AXIS_UNKNOWN, dtype=np.int8)
+    taken: dict = {}
+    for i in np.argsort(t.ts_ns[rows], kind="stable"):
+        key = (int(coll[i]), int(nbytes[i]))
+        q, k = queues.get(key, []), taken.get(key, 0)
+        if k < len(q):
+            axis[i], taken[key] = q[k], k + 1
+    return axis
 
 
 def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute) -> RankComms:
@@ -165,11 +189,18 @@ def _exposed_each(exposed: iv.Intervals, start: np.ndarray, end: np.ndarray) -> 
     return iv.lengths_in_windows(exposed, start, end) if start.size else np.zeros(0, np.int64)
 
 
+P2P = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
+
+
 def attribute_axes(rc: RankComms, grid: Optional[RankGrid]) -> None:
-    """Axis from the group's member ranks when the grid is known (labels already set theirs)."""
-    if grid is None:
+    """With the grid known: axis from a group's member ranks, and a labelled op's group from its axis."""
+    if grid is None or rc.rank >= grid.world_size:
         return
     by_key = {",".join(map(str, g)): AXES.index(a) for a in AXES for g in grid.groups(a) if len(g) > 1}
     for i, g in enumerate(rc.group):
         if rc.axis[i] == AXIS_UNKNOWN and g in by_key:
             rc.axis[i] = by_key[g]
+        elif g is None and rc.axis[i] != AXIS_UNKNOWN and rc.coll[i] not in P2P:
+            members = grid.group_of(rc.rank, AXES[rc.axis[i]])
+            rc.group[i] = ",".join(map(str, members))
+            rc.group_size[i] = len(members)
