@@ -49,9 +49,9 @@ def decode_trace(path: str, data: bytes) -> schema.TraceFile:
         if "truncated" in msg.lower():
             raise TraceError(path, "truncated JSON (file ends mid-document)") from None
         raise TraceError(path, f"not JSON: {msg}") from None
-    if doc.traceEvents is None:
+    if not len(memoryview(doc.traceEvents)):
         raise TraceError(path, "not a PyTorch profiler trace: no 'traceEvents'")
-    if not doc.traceEvents:
+    if schema.is_empty_array(doc.traceEvents):
         raise TraceError(path, "no events in 'traceEvents'")
     return doc
 

@@ -8,12 +8,13 @@ never makes a whole file unreadable.
 """
 from __future__ import annotations
 
-from typing import Any, Union
+import re
+from typing import Any, Iterator, Union
 
 import msgspec
 
 
-class Args(msgspec.Struct, omit_defaults=True):
+class Args(msgspec.Struct, omit_defaults=True, gc=False):
     """The `args` keys diag uses; every other key is skipped by the decoder."""
 
     external_id: Any = msgspec.field(default=None, name="External id")
@@ -35,7 +36,7 @@ class Args(msgspec.Struct, omit_defaults=True):
     labels: Any = None  # metadata events: process_labels ("CPU", "GPU 0")
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
@@ -43,11 +44,15 @@ class Event(msgspec.Struct):
     dur: Union[float, None] = None
     pid: Union[int, str, None] = None
     tid: Union[int, str, None] = None
-    args: Union[Args, None] = None
+    # Kept undecoded (a slice of the file's bytes): most of a trace's bytes are the args of
+    # CPU ops that no analysis reads. decode_args() parses the few rows that need them.
+    args: msgspec.Raw = msgspec.Raw()
 
 
 class TraceFile(msgspec.Struct):
-    traceEvents: Union[list[Event], None] = None
+    # The events stay raw here; event_chunks() decodes them a few MB at a time so that only
+    # one chunk's Python objects are alive at once.
+    traceEvents: msgspec.Raw = msgspec.Raw()      # empty when the key is absent
     distributedInfo: Any = None
     deviceProperties: Any = None
     trace_id: Any = None
@@ -55,13 +60,80 @@ class TraceFile(msgspec.Struct):
     baseTimeNanoseconds: Any = None
 
 
-# A Chrome trace may also be a bare JSON array of events.
-_decoder = msgspec.json.Decoder(Union[TraceFile, list[Event]])
+_args_decoder = msgspec.json.Decoder(Args)
+_events_decoder = msgspec.json.Decoder(list[Event])
+_header_decoder = msgspec.json.Decoder(TraceFile)
+NO_ARGS = Args()
+CHUNK_BYTES = 4 << 20
+# Between two events of the array: "}" , "{" with any whitespace. Such a cut inside a nested
+# value leaves brackets unbalanced, so a wrong cut fails to decode instead of passing silently.
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+def decode_args(raw) -> Args:
+    """Parse one event's args; malformed or non-object args read as empty (never fatal)."""
+    if not raw or raw == b"null":
+        return NO_ARGS
+    try:
+        return _args_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return NO_ARGS
+
+
+_args_list_decoder = msgspec.json.Decoder(list[Union[Args, None]])
+
+
+def decode_args_many(raws: list) -> list[Args]:
+    """Parse many events' args in one call; per event only if one of them is malformed."""
+    if not raws:
+        return []
+    try:
+        out = _args_list_decoder.decode(b"[" + b",".join(r if len(r) else b"null" for r in raws) + b"]")
+        return [NO_ARGS if a is None else a for a in out]
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+        return [decode_args(r) for r in raws]
 
 
 def decode(data: bytes) -> TraceFile:
-    """Decode trace bytes; raises msgspec.DecodeError / ValidationError on bad input."""
-    doc = _decoder.decode(data)
-    if isinstance(doc, list):
-        return TraceFile(traceEvents=doc)
-    return doc
+    """Decode the file's top level; raises msgspec.DecodeError / ValidationError on bad input."""
+    if data.lstrip()[:1] == b"[":           # a Chrome trace may be a bare array of events
+        msgspec.json.decode(data, type=list[msgspec.Raw])   # validate it is well-formed
+        return TraceFile(traceEvents=msgspec.Raw(data))
+    return _header_decoder.decode(data)
+
+
+def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
+    """Decode a raw JSON array of events in chunks of about CHUNK_BYTES (or whole)."""
+    buf = memoryview(array)                   # no copy: slices of the file's bytes
+    if not chunked or len(buf) <= 2 * CHUNK_BYTES:
+        yield _events_decoder.decode(buf)
+        return
+    start = bytes(buf[:64]).index(b"[") + 1
+    end = len(buf) - bytes(buf[-64:])[::-1].index(b"]") - 1
+    done = 0
+    pos = start
+    try:
+        while pos < end:
+            m = _BOUNDARY.search(buf, pos + CHUNK_BYTES, end) if pos + CHUNK_BYTES < end else None
+            stop = m.start() + 1 if m else end
+            chunk = _events_decoder.decode(b"[" + buf[pos:stop] + b"]")
+            done += len(chunk)
+            yield chunk
+            pos = m.end() - 1 if m else end
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        if done:
+            raise ChunkingError(done) from None
+        yield _events_decoder.decode(buf)     # one whole decode: raises with the exact problem
+
+
+def is_empty_array(raw) -> bool:
+    head = bytes(memoryview(raw)[:32]).strip()
+    return len(memoryview(raw)) < 32 and head.replace(b" ", b"").replace(b"\n", b"") in (b"[]", b"null")
+
+
+class ChunkingError(Exception):
+    """A chunk cut did not fall between events after some chunks were already consumed."""
+
+    def __init__(self, consumed: int) -> None:
+        super().__init__(f"chunked decoding failed after {consumed} events")
+        self.consumed = consumed

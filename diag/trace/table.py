@@ -42,6 +42,12 @@ class EventTable:
     def gpu_mask(self) -> np.ndarray:
         return self.mask(*GPU_ACTIVITY)
 
+    def take(self, rows: np.ndarray) -> "EventTable":
+        """A table of the given rows only."""
+        cols = {k: getattr(self, k)[rows] for k in ("ts_ns", "dur_ns", "kind", "name_id", "thread", "device",
+                                                     "correlation", "external_id")}
+        return EventTable(**cols, symbols=self.symbols, t0_us=self.t0_us)
+
     def name(self, row: int) -> str:
         return self.symbols[int(self.name_id[row])]
 

@@ -1,0 +1,34 @@
+"""Python values -> numpy columns, tolerant of the odd types real traces contain."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def num_column(values: list, dtype, missing: int = -1) -> np.ndarray:
+    """Numbers (or None, or numeric strings) -> array; anything unparsable -> missing."""
+    try:
+        arr = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = np.array([as_float(v) for v in values], dtype=np.float64)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        arr[bad] = missing
+    return arr.astype(dtype)
+
+
+def as_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def sparse_column(n: int, rows: np.ndarray, values: list) -> np.ndarray:
+    """A full int64 column, -1 except at rows (whose args were decoded)."""
+    out = np.full(n, -1, dtype=np.int64)
+    if rows.size:
+        out[rows] = num_column(values, np.int64)
+    return out
