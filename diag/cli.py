@@ -47,8 +47,27 @@ def main() -> None:
 @click.option("--strict", is_flag=True, help="Fail on the first unreadable rank file instead of reporting it.")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000),
               help="Kernels to list per rank.")
-def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int) -> None:
-    """Analyse a trace file or a directory of per-rank traces (.json or .json.gz)."""
+@click.option("--tp", "--tensor-model-parallel-size", "tp", type=click.IntRange(1), default=None,
+              help="TP size, to attribute process groups to axes (default: from diag_run.json).")
+@click.option("--pp", "--pipeline-model-parallel-size", "pp", type=click.IntRange(1), default=None,
+              help="PP size (default: from diag_run.json). DP = world / (TP x PP).")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Link peak in GB/s for busbw efficiency (default: from the device's NVLink/PCIe table).")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak dense TFLOP/s per device for MFU (default: diag_run.json or the device table).")
+@click.option("--global-batch-size", type=click.IntRange(1), default=None, help="Sequences per step (for tokens/s, MFU).")
+@click.option("--seq-length", type=click.IntRange(1), default=None, help="Tokens per sequence.")
+@click.option("--num-layers", type=click.IntRange(1), default=None, help="Transformer layers (for model FLOPs).")
+@click.option("--hidden-size", type=click.IntRange(1), default=None, help="Hidden size (for model FLOPs).")
+@click.option("--vocab-size", type=click.IntRange(1), default=None, help="Vocabulary size (for model FLOPs).")
+@click.option("--num-micro-batches", type=click.IntRange(1), default=None, help="Micro-batches per step (for the ideal bubble).")
+def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp, pp, link_gbps, peak_tflops,
+            **shape) -> None:
+    """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
+
+    Run facts (sizes, batch, model shape) come from the trainer's diag_run.json next to the
+    traces; the flags override them, and what neither gives is reported as unknown.
+    """
     from .analysis import diagnose
     from .report import RENDERERS
     from .trace import load_job
@@ -63,7 +82,13 @@ def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int) -> 
     except TraceError as e:
         click.echo(f"diag: error: {e}", err=True)
         sys.exit(2)
-    report = RENDERERS[fmt](diagnose(job, top_n=top))
+    try:
+        diagnosis = diagnose(job, top_n=top, tp=tp, pp=pp, link_gbps=link_gbps, peak_tflops=peak_tflops,
+                             shape=shape)
+    except ValueError as e:          # e.g. --tp/--pp that do not divide the world size
+        click.echo(f"diag: error: {path}: {e}", err=True)
+        sys.exit(2)
+    report = RENDERERS[fmt](diagnosis)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as f:

@@ -13,6 +13,8 @@ from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step
 from .findings import findings
 from .kernels import top_kernels
+from .pipeline import pipeline
+from .rates import throughput
 from ..topology import RankGrid
 from .collectives import RankComms, attribute_axes, gpu_comms, host_comms
 from .commstats import axis_overlap, op_stats, rank_comm
@@ -95,7 +97,10 @@ def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Option
 
 
 def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[int] = None,
-             link_gbps: Optional[float] = None) -> Diagnosis:
+             link_gbps: Optional[float] = None, peak_tflops: Optional[float] = None,
+             shape: Optional[dict] = None) -> Diagnosis:
+    """shape: run facts given by the user (Megatron names, e.g. global_batch_size) over diag_run.json."""
+    meta = {**(job.run_meta or {}), **{k: v for k, v in (shape or {}).items() if v is not None}}
     grid = job_grid(job, tp, pp)
     passes = [_rank_pass(rt, top_n) for rt in job.ranks]
     ranks = [p[0] for p in passes]
@@ -112,4 +117,5 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         backend=", ".join(sorted(backends)) or None, ranks=ranks,
         missing_ranks=job.missing_ranks,
         problems=[Problem(p.path, p.problem) for p in job.problems],
-        other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca))
+        other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca),
+        pipeline=pipeline(grid, meta, ranks, comms), throughput=throughput(ranks, meta, job.world_size, peak_tflops))

@@ -97,6 +97,8 @@ class Diagnosis:
     run: Optional[dict] = None            # diag_run.json, when the trainer wrote one
     comm: Optional["CommAnalysis"] = None
     findings: list["Finding"] = field(default_factory=list)
+    pipeline: Optional["Pipeline"] = None
+    throughput: Optional["Throughput"] = None
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 
@@ -165,3 +167,39 @@ class Finding:
     seconds_per_step: float
     share_of_step: Optional[float]     # of the median step time; None when steps are unknown
     detail: str
+
+
+@dataclass
+class PipelineStage:
+    stage: int                         # pp rank
+    ranks: list[int]
+    bubble_s: float                    # per step: waiting on pipeline neighbours, not computing
+    bubble_fraction: Optional[float]   # of the step
+    compute_s: float                   # per step, busy computing (for balance between stages)
+
+
+@dataclass
+class Pipeline:
+    p: int
+    m: Optional[int]                   # micro-batches per step
+    v: int                             # virtual stages per rank (1 = not interleaved)
+    schedule: Optional[str]
+    ideal_fraction: Optional[float]    # of the step
+    convention: str
+    stages: list[PipelineStage] = field(default_factory=list)
+    measured: str = ("exposed pipeline (PP) send/recv: time a stage waits on its neighbours "
+                     "and is not computing, per step, as a fraction of the step")
+
+
+@dataclass
+class Throughput:
+    step_time_s: Optional[float]
+    gpus: Optional[int]
+    tokens_per_step: Optional[float]
+    tokens_per_s_per_gpu: Optional[float]
+    model_flops_per_step: Optional[float]
+    mfu: Optional[float]
+    peak_flops: Optional[float]
+    peak_source: Optional[str]
+    convention: str = "model FLOPs = 6·N·tokens + 12·L·h·s·tokens (PaLM / torchtitan), N without input embedding"
+    unknown: list[str] = field(default_factory=list)

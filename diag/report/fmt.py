@@ -89,3 +89,46 @@ def op_rows(d: Diagnosis) -> list[list[str]]:
         rows.append([f"{o.axis}:{o.op}", o.size_bucket, str(o.calls), ms(o.time_s, 2), ms(o.exposed_s, 2),
                      ms(o.wait_s, 2), bw, pct(None if o.efficiency is None else 100 * o.efficiency)])
     return rows
+
+
+PIPE_HEADER = ["stage", "ranks", "bubble ms/step", "bubble %", "ideal %", "compute ms/step"]
+
+
+def pipeline_rows(d: Diagnosis) -> list[list[str]]:
+    p = d.pipeline
+    if not p:
+        return []
+    ideal = pct(None if p.ideal_fraction is None else 100 * p.ideal_fraction)
+    return [[str(s.stage), _ranks(s.ranks), ms(s.bubble_s, 2),
+             pct(None if s.bubble_fraction is None else 100 * s.bubble_fraction), ideal, ms(s.compute_s, 2)]
+            for s in p.stages]
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks)) if len(ranks) <= 4 else f"{ranks[0]},...({len(ranks)})"
+
+
+def pipeline_caption(d: Diagnosis) -> str:
+    p = d.pipeline
+    m = "unknown" if p.m is None else str(p.m)
+    return (f"p={p.p}, m={m}, v={p.v}, schedule {p.schedule or 'unknown'}; ideal: {p.convention}. "
+            f"Measured: {p.measured}.")
+
+
+def throughput_lines(d: Diagnosis) -> list[str]:
+    t = d.throughput
+    if not t:
+        return []
+    parts = [f"step {ms(t.step_time_s)} ms"]
+    if t.tokens_per_s_per_gpu is not None:
+        parts.append(f"{t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
+    if t.model_flops_per_step is not None:
+        parts.append(f"{t.model_flops_per_step / 1e12:,.3f} TFLOP/step")
+    if t.mfu is not None:
+        parts.append(f"MFU {100 * t.mfu:.1f}% (peak {t.peak_flops / 1e12:,.0f} TFLOP/s, {t.peak_source})")
+    lines = ["Throughput: " + ", ".join(parts)]
+    if t.unknown:
+        lines.append("Unknown: " + "; ".join(t.unknown))
+    return lines

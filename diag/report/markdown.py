@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from ..analysis.results import Diagnosis
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, RANK_HEADER, RANK_LEGEND, axis_rows,
-                  finding_rows, headline, ms, op_rows, rank_row, short_kernel)
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
+                  axis_rows, finding_rows, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
+                  short_kernel, throughput_lines)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -16,12 +17,16 @@ def render_markdown(d: Diagnosis) -> str:
     lines = ["# diag report", ""] + [f"- {h}" for h in headline(d)]
     lines += [f"- **problem** `{p.file}`: {p.problem}" for p in d.problems]
     lines += [f"- note: {n}" for n in d.notes]
+    lines += [f"- {t}" for t in throughput_lines(d)]
     if d.findings:
         lines += ["", "## Where the time goes, biggest loss first", ""] + _table(FINDING_HEADER, finding_rows(d))
     lines += ["", "## Temporal breakdown", ""]
     lines += _table(RANK_HEADER, [rank_row(r) for r in d.ranks])
     lines += ["", f"_{RANK_LEGEND}_", ""]
     lines += ["Window: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})), ""]
+    if d.pipeline:
+        lines += ["## Pipeline bubble per stage", ""] + _table(PIPE_HEADER, pipeline_rows(d))
+        lines += ["", f"_{pipeline_caption(d)}_", ""]
     if d.comm:
         lines += ["## Communication by parallel axis", ""] + _table(AXIS_HEADER, axis_rows(d)) + [""]
         lines += ["## Collectives by axis, op and message size", ""] + _table(OPS_HEADER, op_rows(d))

@@ -8,8 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..analysis.results import Diagnosis
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, RANK_HEADER, RANK_LEGEND, axis_rows,
-                  finding_rows, headline, ms, op_rows, rank_row, short_kernel)
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
+                  axis_rows, finding_rows, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
+                  short_kernel, throughput_lines)
 
 
 def _table(title: str, header: list[str]) -> Table:
@@ -42,6 +43,8 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         con.print(f"problem: {p.file}: {p.problem}", soft_wrap=True, markup=False)
     for n in d.notes:
         con.print(f"note: {n}", soft_wrap=True, markup=False)
+    for line in throughput_lines(d):
+        con.print(line, markup=False)
     con.print()
     _print_table(con, "Where the time goes, biggest loss first", FINDING_HEADER, finding_rows(d))
     timeline = d.ranks[0].breakdown.timeline if d.ranks else "gpu"
@@ -49,6 +52,8 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
              else "Temporal breakdown, host timeline (CPU-only trace)")
     _print_table(con, title, RANK_HEADER, [rank_row(r) for r in d.ranks],
                  RANK_LEGEND + "\nWindow: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})))
+    if d.pipeline:
+        _print_table(con, "Pipeline bubble per stage", PIPE_HEADER, pipeline_rows(d), pipeline_caption(d))
     if d.comm:
         _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
         _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), OPS_LEGEND)

@@ -1,0 +1,50 @@
+"""Throughput and MFU of a job: measured step time combined with the model and batch shape.
+
+The shape comes from the trainer's diag_run.json or the user's flags; a trace from
+another program says nothing about tokens or model size, so those stay unknown.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..hardware import peak_flops
+from .results import RankResult, Throughput
+from .throughput import model_flops_per_step, mfu, tokens_per_second_per_gpu
+
+SHAPE_KEYS = ("global_batch_size", "seq_length", "num_layers", "hidden_size", "vocab_size")
+
+
+def throughput(ranks: list[RankResult], meta: dict, world: Optional[int],
+               peak_tflops: Optional[float] = None) -> Throughput:
+    times = [r.step_time_s for r in ranks if r.step_time_s]
+    step = float(np.median(times)) if times else None
+    gpus = world or meta.get("world_size")
+    missing = [k for k in SHAPE_KEYS if not meta.get(k)]
+    tokens = meta["global_batch_size"] * meta["seq_length"] if not {"global_batch_size", "seq_length"} & set(missing) else None
+    flops = None
+    if not missing:
+        flops = model_flops_per_step(meta["num_layers"], meta["hidden_size"], meta["seq_length"], meta["vocab_size"],
+                                     tokens, ffn_hidden=meta.get("ffn_hidden_size"))
+    peak, source = None, None
+    if peak_tflops:
+        peak, source = peak_tflops * 1e12, "--peak-tflops"
+    elif meta.get("peak_flops"):
+        peak, source = float(meta["peak_flops"]), "diag_run.json"
+    else:
+        devices = [r.device for r in ranks if r.device]
+        if devices:
+            peak = peak_flops(devices[0], meta.get("dtype") or "bf16")
+            source = f"device table: {devices[0]}, {meta.get('dtype') or 'bf16 (assumed: dtype unknown)'}" if peak else None
+    unknown = [f"{k} (give it in diag_run.json or as a flag)" for k in missing]
+    if step is None:
+        unknown.append("step time (no ProfilerStep marks)")
+    if peak is None:
+        unknown.append("peak FLOP/s of the device (give --peak-tflops)")
+    return Throughput(
+        step_time_s=step, gpus=gpus, tokens_per_step=tokens,
+        tokens_per_s_per_gpu=tokens_per_second_per_gpu(meta["global_batch_size"], meta["seq_length"], step, gpus)
+        if tokens and step and gpus else None,
+        model_flops_per_step=flops, mfu=mfu(flops, step, gpus, peak) if flops and step and gpus and peak else None,
+        peak_flops=peak, peak_source=source, unknown=unknown)
