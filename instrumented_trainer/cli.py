@@ -1,0 +1,121 @@
+"""Command line of the trainer, with Megatron-LM flag names.
+
+Parsing and validation import no torch, so an impossible configuration is refused with a
+one-line message and exit code 2 before any process starts or any heavy import happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from instrumented_trainer.config import (JobConfig, ModelConfig, ParallelConfig, RuntimeConfig,
+                                         TelemetryConfig, TrainConfig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m instrumented_trainer",
+                                description="3D-parallel GPT trainer that leaves traces for diag.")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="spawn this many local processes (instead of running under torchrun)")
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    g.add_argument("--ddp-bucket-size", type=int, default=1_000_000,
+                   help="elements per DP gradient all-reduce bucket")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="launch each bucket's all-reduce during backward")
+    g = p.add_argument_group("model")
+    for flag, default in (("num-layers", 4), ("hidden-size", 64), ("num-attention-heads", 4),
+                          ("seq-length", 32), ("vocab-size", 128), ("ffn-hidden-size", 0)):
+        g.add_argument(f"--{flag}", type=int, default=default)
+    g = p.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=2)
+    g.add_argument("--global-batch-size", type=int, default=8)
+    g.add_argument("--train-iters", type=int, default=10)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("runtime")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    g.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    g.add_argument("--dist-timeout", type=float, default=300.0,
+                   help="seconds before a stuck collective fails the run")
+    g = p.add_argument_group("telemetry")
+    g.add_argument("--out", default="runs/latest", help="directory for traces and logs")
+    g.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--profile-wait", type=int, default=1)
+    g.add_argument("--profile-warmup", type=int, default=1)
+    g.add_argument("--profile-active", type=int, default=2)
+    g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="sample device/host metrics in a background thread")
+    g.add_argument("--metrics-interval", type=float, default=1.0, help="seconds")
+    g.add_argument("--comm-log", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--prometheus-port", type=int, default=0,
+                   help="serve live metrics; rank r on this port + r (0: off)")
+    return p
+
+
+def job_from_args(args: argparse.Namespace, world_size: int, command: list[str]) -> JobConfig:
+    """Build and validate the job; raises ValueError with a one-line message."""
+    return JobConfig(
+        model=ModelConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                          num_attention_heads=args.num_attention_heads,
+                          seq_length=args.seq_length, vocab_size=args.vocab_size,
+                          ffn_hidden_size=args.ffn_hidden_size),
+        parallel=ParallelConfig(world_size=world_size,
+                                tensor_model_parallel_size=args.tensor_model_parallel_size,
+                                pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                                pipeline_schedule=args.pipeline_schedule,
+                                ddp_bucket_size=args.ddp_bucket_size,
+                                overlap_grad_reduce=args.overlap_grad_reduce),
+        train=TrainConfig(micro_batch_size=args.micro_batch_size,
+                          global_batch_size=args.global_batch_size, train_iters=args.train_iters,
+                          lr=args.lr, weight_decay=args.weight_decay, seed=args.seed),
+        telemetry=TelemetryConfig(out=args.out, profile=args.profile,
+                                  profile_wait=args.profile_wait,
+                                  profile_warmup=args.profile_warmup,
+                                  profile_active=args.profile_active,
+                                  metrics=args.metrics, metrics_interval=args.metrics_interval,
+                                  comm_log=args.comm_log,
+                                  prometheus_port=args.prometheus_port),
+        runtime=RuntimeConfig(device=args.device, dtype=args.dtype,
+                              dist_timeout=args.dist_timeout),
+        command=command,
+    )
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """The command as the user would type it (what re-running the job needs)."""
+    if "DIAG_COMMAND" in os.environ:  # set by our own launcher for its children
+        return shlex.split(os.environ["DIAG_COMMAND"])
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        nproc = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+        return ["torchrun", "--nproc-per-node", nproc, "-m", "instrumented_trainer", *argv]
+    return ["python", "-m", "instrumented_trainer", *argv]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    worker = "RANK" in os.environ  # under torchrun or spawned by our launcher
+    if args.nproc is not None and args.nproc < 1:
+        print("error: --nproc must be positive", file=sys.stderr)
+        return 2
+    world = int(os.environ["WORLD_SIZE"]) if worker else (args.nproc or 1)
+    try:
+        job = job_from_args(args, world, command_line(argv))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not worker:
+        from instrumented_trainer.launch import spawn  # noqa: PLC0415 - launcher only
+
+        return spawn(world, argv, shlex.join(job.command))
+    from instrumented_trainer.train import train  # noqa: PLC0415 - torch only in workers
+
+    train(job)
+    return 0

@@ -1,0 +1,75 @@
+"""torch.profiler on a wait/warmup/active schedule, one gzipped Chrome trace per rank.
+
+The analyser reads `<out>/rank-<r>.pt.trace.json.gz`; steps are marked with `prof.step()` so the
+trace holds `ProfilerStep#N` ranges. Any profiler failure (start, step, export) disables the
+profiler with one warning and training goes on: a run without a trace is worth more than no run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .safe import guard, warn_once
+
+
+def trace_path(out: str, rank: int) -> str:
+    return os.path.join(out, f"rank-{rank}.pt.trace.json.gz")
+
+
+class ProfilerSession:
+    """Context manager around torch.profiler.profile; `step()` after every training step.
+
+    `factory` is torch.profiler.profile by default; tests pass one that fails.
+    """
+
+    def __init__(self, cfg, rank: int, cuda: bool, factory=None) -> None:
+        self.cfg, self.rank, self.cuda = cfg, rank, cuda
+        self.factory = factory or torch.profiler.profile
+        self.prof = None
+        self.exported: str | None = None
+
+    def _export(self, prof) -> None:
+        with guard("profiler export"):
+            os.makedirs(self.cfg.out, exist_ok=True)
+            path = trace_path(self.cfg.out, self.rank)
+            prof.export_chrome_trace(path)  # a .gz suffix makes torch gzip the JSON itself
+            self.exported = path
+
+    def __enter__(self) -> "ProfilerSession":
+        if not self.cfg.profile:
+            return self
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with guard("profiler"):
+            prof = self.factory(
+                activities=activities,
+                schedule=torch.profiler.schedule(wait=self.cfg.profile_wait,
+                                                 warmup=self.cfg.profile_warmup,
+                                                 active=self.cfg.profile_active, repeat=1),
+                on_trace_ready=self._export,
+                record_shapes=True,
+            )
+            prof.__enter__()
+            self.prof = prof
+        return self
+
+    def step(self) -> None:
+        if self.prof is None:
+            return
+        try:
+            self.prof.step()
+        except Exception as exc:  # noqa: BLE001 - a broken profiler must not stop training
+            warn_once("profiler", exc)
+            self._stop()
+
+    def _stop(self) -> None:
+        prof, self.prof = self.prof, None
+        if prof is not None:
+            with guard("profiler stop"):
+                prof.__exit__(None, None, None)
+
+    def __exit__(self, *exc) -> None:
+        self._stop()

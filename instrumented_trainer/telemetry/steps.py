@@ -1,0 +1,39 @@
+"""Per-step record of the run: `<out>/steps.jsonl` and a one-line summary on stdout.
+
+Written by one rank only (the last pipeline stage's TP-rank-0, DP-rank-0 rank, which holds the
+DP-averaged loss), one JSON object per step: step, loss, step_seconds, tokens_per_second.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .safe import JsonlWriter
+
+
+class StepLog:
+    def __init__(self, out: str, enabled: bool, tokens_per_step: int, train_iters: int) -> None:
+        self.enabled = enabled
+        self.tokens_per_step, self.train_iters = tokens_per_step, train_iters
+        self.writer = (JsonlWriter(os.path.join(out, "steps.jsonl"), "steps log") if enabled
+                       else None)
+        self.losses: list[float] = []
+        self.last: dict = {}  # every rank keeps its latest step for the Prometheus exporter
+        self.count = 0
+
+    def record(self, step: int, loss: float, seconds: float) -> None:
+        tps = self.tokens_per_step / seconds if seconds > 0 else 0.0
+        self.last = {"step": step, "loss": loss, "step_seconds": seconds,
+                     "tokens_per_second": tps}
+        self.count += 1
+        if not self.enabled:
+            return
+        self.losses.append(loss)
+        self.writer.append(self.last)
+        self.writer.flush()
+        print(f"step {step + 1:>4}/{self.train_iters} | loss {loss:.6f} | "
+              f"{seconds * 1e3:8.1f} ms | {tps:10.0f} tokens/s", flush=True)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,151 @@
+"""Telemetry leaves the evidence the analyser needs, and never breaks training.
+
+End to end: a profiled 2x2x2 run writes per-rank gzipped traces with ProfilerStep#N and the
+diag:comm:<axis>:<op>:<bytes> labels, comm and metrics logs, steps.jsonl and diag_run.json, and
+computes the same losses as the unprofiled reference. Failure cases: missing NVML, an
+unwritable output directory, and a profiler that fails at start, at step and at export.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+
+import pytest
+
+from instrumented_trainer.telemetry import safe
+from instrumented_trainer.telemetry.metrics import HostSource, MetricsSampler, open_source
+from instrumented_trainer.telemetry.profiler import ProfilerSession
+from instrumented_trainer.config import TelemetryConfig
+
+from .runner import assert_ok, run_trainer
+
+RUN_KEYS = {"schema_version", "tp", "pp", "dp", "world_size", "micro_batch_size",
+            "num_micro_batches", "global_batch_size", "seq_length", "num_layers", "hidden_size",
+            "num_attention_heads", "vocab_size", "ffn_hidden_size", "parameter_count", "dtype",
+            "device_name", "peak_flops", "pipeline_schedule", "overlap_grad_reduce",
+            "torch_version", "backend", "backend_version", "command", "profile"}
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    run = run_trainer(tmp_path_factory.mktemp("profiled"), 8, "--tensor-model-parallel-size",
+                      "2", "--pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
+                      "--train-iters", "4", "--profile-wait", "1", "--profile-warmup", "1",
+                      "--profile-active", "1", "--metrics-interval", "0.2")
+    assert_ok(run)
+    return run
+
+
+@pytest.mark.slow
+def test_profiled_run_writes_traces_with_labels(profiled_run):
+    for rank in range(8):
+        path = profiled_run.out / f"rank-{rank}.pt.trace.json.gz"
+        trace = json.loads(gzip.decompress(path.read_bytes()))
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        assert "ProfilerStep#2" in names
+        labels = {n for n in names if n.startswith("diag:comm:")}
+        assert all(re.fullmatch(r"diag:comm:(tp|pp|dp):[a-z_]+:\d+", n) for n in labels)
+        axes = {n.split(":")[2] for n in labels}
+        assert {"tp", "pp"} <= axes, axes
+        assert trace["distributedInfo"]["rank"] == rank
+    dp_labels = json.loads(gzip.decompress((profiled_run.out / "rank-6.pt.trace.json.gz")
+                                           .read_bytes()))
+    assert any(e.get("name", "").startswith("diag:comm:dp:all_reduce:")
+               for e in dp_labels["traceEvents"])
+
+
+@pytest.mark.slow
+def test_profiled_run_writes_logs_and_metadata(profiled_run, reference_losses):
+    meta = json.loads((profiled_run.out / "diag_run.json").read_text())
+    assert RUN_KEYS <= meta.keys()
+    assert (meta["tp"], meta["pp"], meta["dp"], meta["num_micro_batches"]) == (2, 2, 2, 2)
+    assert meta["backend"] == "gloo" and meta["dtype"] == "fp32" and meta["peak_flops"] is None
+    assert "--overlap-grad-reduce" in meta["command"].split()
+    for rank in range(8):
+        comm = [json.loads(x) for x in
+                (profiled_run.out / f"comm-rank-{rank}.jsonl").read_text().splitlines()]
+        keys = {"op", "axis", "group_ranks", "bytes", "start", "duration"}
+        assert comm and keys <= comm[0].keys()
+        metrics = (profiled_run.out / f"metrics-rank-{rank}.jsonl").read_text().splitlines()
+        assert json.loads(metrics[0])["source"] == "host"
+    losses = profiled_run.losses()  # telemetry does not change what is computed
+    assert losses == pytest.approx(reference_losses[:4], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_unwritable_output_directory_does_not_stop_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run = run_trainer(blocker / "out", 1, "--train-iters", "3", "--profile-wait", "0",
+                      "--profile-warmup", "0", "--profile-active", "1")
+    assert_ok(run)
+    assert len(re.findall(r"^step +\d+/3", run.stdout, re.M)) == 3
+    assert "warning: telemetry" in run.stderr
+
+
+def test_missing_nvml_falls_back_to_host_metrics(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # as if nvidia-ml-py were not installed
+    safe.failures.clear()
+    source = open_source(prefer_gpu=True, device_index=0)
+    assert isinstance(source, HostSource)
+    assert safe.failures["nvml metrics (falling back to host metrics)"] == 1
+
+
+def test_nvml_without_driver_falls_back(tmp_path):
+    pytest.importorskip("pynvml")
+    with MetricsSampler(str(tmp_path / "m.jsonl"), 0, 0.05, prefer_gpu=True) as sampler:
+        pass
+    assert sampler.source is not None  # NVML on a GPU machine, psutil here
+    assert (tmp_path / "m.jsonl").read_text().strip()
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+def _failing_factory(**kwargs):
+    raise _Boom("profiler cannot start")
+
+
+class _FailingStepProfiler:
+    def __init__(self, **kwargs):
+        self.stopped = False
+
+    def __enter__(self):
+        return self
+
+    def step(self):
+        raise _Boom("profiler step failed")
+
+    def __exit__(self, *exc):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("factory", [_failing_factory, _FailingStepProfiler])
+def test_profiler_failure_is_one_warning(factory, tmp_path, capsys):
+    safe.failures.clear()
+    cfg = TelemetryConfig(out=str(tmp_path))
+    with ProfilerSession(cfg, rank=0, cuda=False, factory=factory) as prof:
+        for _ in range(3):
+            prof.step()  # must not raise
+    assert sum(safe.failures.values()) == 1
+    assert capsys.readouterr().err.count("warning: telemetry") == 1
+
+
+def test_profiler_export_failure_is_one_warning(tmp_path, capsys):
+    import torch
+
+    safe.failures.clear()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cfg = TelemetryConfig(out=str(blocker / "out"), profile_wait=0, profile_warmup=0,
+                          profile_active=1)
+    with ProfilerSession(cfg, rank=0, cuda=False) as prof:
+        for _ in range(2):
+            torch.ones(4).sum()
+            prof.step()
+    assert safe.failures["profiler export"] == 1
+    assert prof.exported is None
