@@ -17,8 +17,15 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+# The whole story on a CPU: a small TP2 x PP2 x DP2 job (8 gloo processes), its traces analysed.
+DEMO_OUT ?= runs/demo
 demo: setup
-	$(BIN)/diag analyze tests/data/dlrm_4_ranks_alltoall
+	rm -rf $(DEMO_OUT)
+	$(BIN)/python -m instrumented_trainer --nproc 8 --tensor-model-parallel-size 2 \
+	  --pipeline-model-parallel-size 2 --global-batch-size 16 --micro-batch-size 2 \
+	  --overlap-grad-reduce --train-iters 6 --profile-wait 1 --profile-warmup 1 --profile-active 3 \
+	  --out $(DEMO_OUT)
+	$(BIN)/diag analyze $(DEMO_OUT)
 
 test: setup
 	$(BIN)/python -m pytest -q

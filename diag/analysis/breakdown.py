@@ -38,23 +38,22 @@ def _split(t: EventTable, w: Window):
 def host_split(t: EventTable, w: Window):
     """compute and comm interval sets on the host timeline.
 
-    Operators nested inside a communication op on the same thread are part of it,
-    not compute.
+    A thread is not computing while it is inside a communication span of its own: a
+    synchronous collective blocks inside whatever op encloses it (an autograd node, say),
+    and ops nested inside a `c10d::` call are part of the call.
     """
     rows = w.rows
     is_comm = t.name_mask(HOST_COMM_RE.match)[rows]
     comm_rows, op_rows = rows[is_comm], rows[~is_comm & (t.kind[rows] == Kind.CPU_OP)]
-    keep = np.ones(op_rows.size, dtype=bool)
-    for th in np.unique(t.thread[comm_rows]):
-        cs, ce = _union(t, comm_rows[t.thread[comm_rows] == th])
-        on = np.flatnonzero(t.thread[op_rows] == th)
-        if on.size == 0:
-            continue
-        s, e = t.ts_ns[op_rows[on]], t.end_ns[op_rows[on]]
-        i = np.searchsorted(cs, s, side="right") - 1
-        inside = (i >= 0) & (e <= ce[np.maximum(i, 0)])
-        keep[on[inside]] = False
-    return _union(t, op_rows[keep]), _union(t, comm_rows)
+    starts, ends = [], []
+    for th in np.unique(t.thread[op_rows]):
+        ops = _union(t, op_rows[t.thread[op_rows] == th])
+        own_comm = _union(t, comm_rows[t.thread[comm_rows] == th])
+        s, e = iv.subtract(ops, own_comm)
+        starts.append(s)
+        ends.append(e)
+    compute = iv.merge(np.concatenate(starts), np.concatenate(ends)) if starts else iv.EMPTY
+    return compute, _union(t, comm_rows)
 
 
 def analyse_timeline(t: EventTable, w: Window, timeline: str) -> tuple[Breakdown, Overlap]:

@@ -132,3 +132,12 @@ def throughput_lines(d: Diagnosis) -> list[str]:
     if t.unknown:
         lines.append("Unknown: " + "; ".join(t.unknown))
     return lines
+
+
+def grouped_rank_notes(d: Diagnosis) -> list[tuple[str, str]]:
+    """Per-rank notes with identical text told once, with the ranks they apply to."""
+    by_text: dict[str, list[int]] = {}
+    for r in d.ranks:
+        for n in r.notes:
+            by_text.setdefault(n, []).append(r.rank)
+    return [(("rank " if len(rs) == 1 else "ranks ") + _ranks(rs), n) for n, rs in by_text.items()]

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..analysis.results import Diagnosis
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
-                  axis_rows, finding_rows, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
+                  axis_rows, finding_rows, grouped_rank_notes, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
                   short_kernel, throughput_lines)
 
 
@@ -68,9 +68,9 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
                 for k in r.top_kernels]
         title = f"Top kernels, rank {r.rank}" + (" (others: --format json)" if len(d.ranks) > 1 else "")
         _print_table(con, title, ["kernel", "kind", "count", "ms", "%"], rows)
-    rank_notes = [(r.rank, n) for r in d.ranks for n in r.notes]
-    for rank, n in rank_notes[:8]:
-        con.print(f"rank {rank}: {n}", style="dim", markup=False)
-    if len(rank_notes) > 8:
-        con.print(f"... {len(rank_notes) - 8} more notes in --format json", style="dim")
+    grouped = grouped_rank_notes(d)
+    for ranks, n in grouped[:8]:
+        con.print(f"{ranks}: {n}", style="dim", markup=False)
+    if len(grouped) > 8:
+        con.print(f"... {len(grouped) - 8} more notes in --format json", style="dim")
     return buf.getvalue()

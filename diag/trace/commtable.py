@@ -47,7 +47,7 @@ HOST_COMM_RE = re.compile(r"^(gloo:|c10d::|nccl:|diag:comm:|record_param_comms$)
 def _input_nelems(a) -> Optional[int]:
     """Elements of the first input from `Input Dims` ([[4, 8]] -> 32), when recorded."""
     dims = a.input_dims if a is not None else None
-    if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
+    if isinstance(dims, list) and dims and isinstance(dims[0], list):    # [] is a scalar: 1 element
         n = 1
         for d in dims[0]:
             if not isinstance(d, int) or d < 0:
