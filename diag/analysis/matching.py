@@ -4,7 +4,9 @@ A collective's kernel on one rank lasts from that rank's arrival to the end of t
 transfer, so it includes waiting for the last rank. Matched across the group, the
 shortest instance is the transfer time (it belongs to the rank that arrived last), and
 each rank's excess over it is wait time. Instances are matched by (group, collective,
-order of occurrence within the group on that rank); hosts' clocks are never compared.
+order of occurrence within the group on that rank); a send pairs with the matching
+receive of its peer (2-member groups, where the peer is known); hosts' clocks are never
+compared.
 
 When the trace does not say the group (old traces), instances are matched across all
 ranks only if every rank of the world is present and each shows the same sequence of
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.kinds import Coll
 from .collectives import RankComms
 
 INFERRED_GROUP = "*"
@@ -31,19 +34,33 @@ class Matched:
     match_id: np.ndarray      # per instance: id of its match, -1 unmatched
 
 
+def _p2p_key(rc: RankComms, i: int, g: str):
+    """A send pairs with its receive: (group, sender, receiver). Only a 2-member group names
+    the peer; in a larger one the trace does not say who the other side is."""
+    members = [int(x) for x in g.split(",")]
+    if len(members) != 2 or rc.rank not in members:
+        return None
+    peer = members[0] if members[1] == rc.rank else members[1]
+    sender, receiver = (rc.rank, peer) if rc.coll[i] == Coll.SEND else (peer, rc.rank)
+    return (g, "p2p", sender, receiver)
+
+
 def _keys(rc: RankComms, world: int, infer: bool):
     seen: dict = defaultdict(int)
     keys = []
     for i in range(len(rc)):
         g = rc.group[i]
-        if g is None:
-            if not infer:
-                keys.append(None)
-                continue
-            g = INFERRED_GROUP
-        k = (g, int(rc.coll[i]))
-        keys.append((g, int(rc.coll[i]), seen[k]))
-        seen[k] += 1
+        if rc.coll[i] in (Coll.SEND, Coll.RECV):
+            k = _p2p_key(rc, i, g) if g is not None else None
+        elif rc.coll[i] == Coll.SEND_RECV:
+            k = None                      # one piece of an all-to-all or a batched p2p: peers unknown
+        elif g is None and not infer:
+            k = None
+        else:
+            k = (g if g is not None else INFERRED_GROUP, int(rc.coll[i]))
+        keys.append(None if k is None else (*k, seen[k]))
+        if k is not None:
+            seen[k] += 1
     return keys
 
 
@@ -71,7 +88,8 @@ def match(comms: list[RankComms], world: int | None) -> tuple[list[Matched], boo
         durs = np.array([comms[ri].dur_ns[ii] for ri, ii in inst])
         transfer = int(durs.min())
         group = key[0]
-        expected = len(present) if group == INFERRED_GROUP else group.count(",") + 1
+        expected = (2 if key[1] == "p2p" else len(present) if group == INFERRED_GROUP
+                    else group.count(",") + 1)
         ranks = {comms[ri].rank for ri, _ in inst}
         complete = len(ranks) == expected
         last_i = int(np.argmin(durs))
