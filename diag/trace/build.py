@@ -7,6 +7,7 @@ Python objects, never a Python object per event of the whole file.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from dataclasses import dataclass, field
 
 import msgspec
@@ -20,6 +21,9 @@ from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_
 from .symbols import SymbolTable
 from .table import EventTable, RankTrace
 
+# Field getters run in C over a whole chunk (map), not in a Python loop.
+_NAME, _CAT, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ts", "dur"))
+_PID_TID = attrgetter("pid", "tid")
 # Flow arrows and instants: links and marks, not time spent; nothing to report.
 _LINK_PHASES = frozenset({"s", "t", "f", "i", "I"})
 
@@ -45,9 +49,14 @@ class _Parts:
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
+def codes_of(values: list) -> tuple[np.ndarray, dict]:
+    """Small integer codes of hashable values, with the value -> code map (C-level loops)."""
+    codes = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values)), codes
+
+
 def _kinds(cats: list[str], name_ids: np.ndarray, symbols: SymbolTable) -> np.ndarray:
-    codes: dict[str, int] = {}
-    idx = np.array([codes.setdefault(c, len(codes)) for c in cats], dtype=np.int32)
+    idx, codes = codes_of(cats)
     by_cat = np.full(len(codes) + 1, -2, dtype=np.int8)   # -2: a kernel, decided by its name
     for c, i in codes.items():
         lc = c.lower()
@@ -63,15 +72,15 @@ def _kinds(cats: list[str], name_ids: np.ndarray, symbols: SymbolTable) -> np.nd
 
 
 def _timed(parts: _Parts, chunk: list) -> list:
-    evs = []
-    for e in chunk:
-        if e.ph == "X":
-            evs.append(e)
-        elif e.ph == "M":
-            parts.meta.append(e)
-        elif e.ph not in _LINK_PHASES:
-            key = f"events of phase '{e.ph}' (not analysed)"
-            parts.skipped[key] = parts.skipped.get(key, 0) + 1
+    """The complete ('X') events; metadata kept aside; other phases counted."""
+    evs = [e for e in chunk if e.ph == "X"]
+    if len(evs) < len(chunk):
+        for e in chunk:
+            if e.ph == "M":
+                parts.meta.append(e)
+            elif e.ph != "X" and e.ph not in _LINK_PHASES:
+                key = f"events of phase '{e.ph}' (not analysed)"
+                parts.skipped[key] = parts.skipped.get(key, 0) + 1
     return evs
 
 
@@ -80,19 +89,21 @@ def _add_chunk(parts: _Parts, chunk: list) -> None:
     if not evs:
         return
     sym = parts.symbols
-    name_ids = np.array(sym.intern_many([e.name for e in evs]), dtype=np.int32)
-    kind = _kinds([e.cat for e in evs], name_ids, sym)
+    name_ids = np.array(sym.intern_many(list(map(_NAME, evs))), dtype=np.int32)
+    kind = _kinds(list(map(_CAT, evs)), name_ids, sym)
     gpu = np.isin(kind, GPU_ACTIVITY)
     # Only these rows' args are read: GPU activity (stream, device, correlation), launches
     # (correlation) and host communication ops (sizes, groups).
     need = np.flatnonzero(gpu | (kind == Kind.RUNTIME) | host_comm_mask(name_ids, kind, sym))
     args = schema.decode_args_many([evs[i].args for i in need])
     n = len(evs)
-    threads = parts.threads
-    parts.add(ts=np.array([e.ts for e in evs], dtype=np.float64),
-              dur=np.array([e.dur for e in evs], dtype=np.float64),
+    keys = list(map(_PID_TID, evs))
+    for k in dict.fromkeys(keys):
+        parts.threads.setdefault(k, len(parts.threads))
+    parts.add(ts=np.array(list(map(_TS, evs)), dtype=np.float64),
+              dur=np.array(list(map(_DUR, evs)), dtype=np.float64),
               name=name_ids, kind=kind, gpu=gpu,
-              thread=np.array([threads.setdefault((e.pid, e.tid), len(threads)) for e in evs], dtype=np.int32),
+              thread=np.fromiter(map(parts.threads.__getitem__, keys), dtype=np.int32, count=n),
               stream=sparse_column(n, need, [a.stream for a in args]),
               device=sparse_column(n, need, [a.device for a in args]),
               correlation=sparse_column(n, need, [a.correlation for a in args]),

@@ -21,16 +21,15 @@ class SymbolTable:
         return i
 
     def intern_many(self, strings) -> list[int]:
+        """Ids of many strings. Two C-level passes (dict.fromkeys, map) instead of a Python
+        loop: this runs once per event of every trace."""
+        strings = strings if isinstance(strings, list) else list(strings)
         ids, names = self._ids, self.names
-        out = []
-        append = out.append
-        for s in strings:
-            i = ids.get(s)
-            if i is None:
-                i = ids[s] = len(names)
+        for s in dict.fromkeys(strings):
+            if s not in ids:
+                ids[s] = len(names)
                 names.append(s)
-            append(i)
-        return out
+        return list(map(ids.__getitem__, strings))
 
     def id_of(self, s: str) -> int:
         return self._ids.get(s, -1)
