@@ -189,9 +189,6 @@ def _exposed_each(exposed: iv.Intervals, start: np.ndarray, end: np.ndarray) -> 
     return iv.lengths_in_windows(exposed, start, end) if start.size else np.zeros(0, np.int64)
 
 
-P2P = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
-
-
 def attribute_axes(rc: RankComms, grid: Optional[RankGrid]) -> None:
     """With the grid known: axis from a group's member ranks, and a labelled op's group from its axis."""
     if grid is None or rc.rank >= grid.world_size:
@@ -200,7 +197,7 @@ def attribute_axes(rc: RankComms, grid: Optional[RankGrid]) -> None:
     for i, g in enumerate(rc.group):
         if rc.axis[i] == AXIS_UNKNOWN and g in by_key:
             rc.axis[i] = by_key[g]
-        elif g is None and rc.axis[i] != AXIS_UNKNOWN and rc.coll[i] not in P2P:
+        elif g is None and rc.axis[i] != AXIS_UNKNOWN and rc.coll[i] != Coll.SEND_RECV:
             members = grid.group_of(rc.rank, AXES[rc.axis[i]])
             rc.group[i] = ",".join(map(str, members))
             rc.group_size[i] = len(members)
