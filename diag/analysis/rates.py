@@ -37,11 +37,12 @@ def throughput(ranks: list[RankResult], meta: dict, world: Optional[int],
         if devices:
             peak = peak_flops(devices[0], meta.get("dtype") or "bf16")
             source = f"device table: {devices[0]}, {meta.get('dtype') or 'bf16 (assumed: dtype unknown)'}" if peak else None
-    unknown = [f"{k} (give it in diag_run.json or as a flag)" for k in missing]
+    unknown = [f"tokens/s and MFU: {', '.join(k.replace('_', '-') for k in missing)} not given "
+               f"(diag_run.json or the --{missing[0].replace('_', '-')} ... flags)"] if missing else []
     if step is None:
         unknown.append("step time (no ProfilerStep marks)")
     if peak is None:
-        unknown.append("peak FLOP/s of the device (give --peak-tflops)")
+        unknown.append("MFU: device peak FLOP/s (--peak-tflops)")
     return Throughput(
         step_time_s=step, gpus=gpus, tokens_per_step=tokens,
         tokens_per_s_per_gpu=tokens_per_second_per_gpu(meta["global_batch_size"], meta["seq_length"], step, gpus)
