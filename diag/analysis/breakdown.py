@@ -10,6 +10,7 @@ CPU-only traces (gloo): the same questions on the host timeline, with `gloo:*`,
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,12 +28,23 @@ def _union(t: EventTable, rows: np.ndarray) -> iv.Intervals:
     return iv.merge(t.ts_ns[rows], t.end_ns[rows])
 
 
-def _split(t: EventTable, w: Window):
-    """compute, comm, memory, other interval sets for a window."""
+@dataclass
+class TimelineSets:
+    """A window's activity as merged interval sets, computed once per rank."""
+
+    compute: iv.Intervals
+    comm: iv.Intervals
+    memory: iv.Intervals = iv.EMPTY
+    other: iv.Intervals = iv.EMPTY
+
+
+def timeline_sets(t: EventTable, w: Window, timeline: str) -> TimelineSets:
+    if timeline != "gpu":
+        return TimelineSets(*host_split(t, w))
     rows, kind = w.rows, t.kind[w.rows]
-    return (_union(t, rows[kind == Kind.COMPUTE]), _union(t, rows[kind == Kind.COMM]),
-            _union(t, rows[(kind == Kind.MEMCPY) | (kind == Kind.MEMSET)]),
-            _union(t, rows[kind == Kind.GPU_OTHER]))
+    return TimelineSets(_union(t, rows[kind == Kind.COMPUTE]), _union(t, rows[kind == Kind.COMM]),
+                        _union(t, rows[(kind == Kind.MEMCPY) | (kind == Kind.MEMSET)]),
+                        _union(t, rows[kind == Kind.GPU_OTHER]))
 
 
 def host_split(t: EventTable, w: Window):
@@ -56,11 +68,8 @@ def host_split(t: EventTable, w: Window):
     return compute, _union(t, comm_rows)
 
 
-def analyse_timeline(t: EventTable, w: Window, timeline: str) -> tuple[Breakdown, Overlap]:
-    if timeline == "gpu":
-        compute, comm, memory, other = _split(t, w)
-    else:
-        (compute, comm), memory, other = host_split(t, w), iv.EMPTY, iv.EMPTY
+def analyse_timeline(sets: TimelineSets, w: Window, timeline: str) -> tuple[Breakdown, Overlap]:
+    compute, comm, memory, other = sets.compute, sets.comm, sets.memory, sets.other
     everything = iv.merge(np.concatenate([compute[0], comm[0], memory[0], other[0]]),
                           np.concatenate([compute[1], comm[1], memory[1], other[1]]))
     span = int(everything[1][-1] - everything[0][0]) if everything[0].size else 0
@@ -80,13 +89,9 @@ def analyse_timeline(t: EventTable, w: Window, timeline: str) -> tuple[Breakdown
     return bd, ov
 
 
-def exposed_comm_by_step(t: EventTable, w: Window, timeline: str) -> dict[int, float]:
+def exposed_comm_by_step(t: EventTable, w: Window, sets: TimelineSets) -> dict[int, float]:
     """Exposed communication seconds per step index, over each step's span of work."""
-    if timeline == "gpu":
-        compute, comm, _, _ = _split(t, w)
-    else:
-        compute, comm = host_split(t, w)
-    exposed = iv.subtract(comm, compute)
+    exposed = iv.subtract(sets.comm, sets.compute)
     idx = np.unique(w.step_index[w.step_index >= 0])
     if idx.size == 0:
         return {}

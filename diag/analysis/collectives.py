@@ -19,7 +19,7 @@ from ..trace.kinds import Coll, Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
 from .bandwidth import message_bytes
-from .breakdown import HOST_COMM_RE, host_split
+from .breakdown import HOST_COMM_RE
 from .hostlink import C10D_RE, LABEL_RE, enclosing, launches
 from .steps import Window
 
@@ -99,7 +99,7 @@ def _fill(dst_coll, dst_group, dst_size, dst_bytes, src, prefer_coll=False):
     dst_bytes[dst_bytes < 0] = nbytes[dst_bytes < 0]
 
 
-def gpu_comms(rt: RankTrace, w: Window) -> RankComms:
+def gpu_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     t = rt.events
     sel = t.kind[w.rows] == Kind.COMM
     rows, step = w.rows[sel], w.step_index[sel]
@@ -114,7 +114,6 @@ def gpu_comms(rt: RankTrace, w: Window) -> RankComms:
     axis, lcoll, lbytes = _label_info(t, label)
     coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
     nbytes[nbytes < 0] = lbytes[nbytes < 0]
-    compute = iv.merge(t.ts_ns[w.rows[t.kind[w.rows] == Kind.COMPUTE]], t.end_ns[w.rows[t.kind[w.rows] == Kind.COMPUTE]])
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
     implied_group_size(rc, rt.pg_config)
     return rc
@@ -126,7 +125,7 @@ def _masked(facts, ok: np.ndarray):
             np.where(ok, size, 0).astype(np.int32), np.where(ok, nbytes, -1))
 
 
-def host_comms(rt: RankTrace, w: Window) -> RankComms:
+def host_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     """CPU-only traces: transfers are `gloo:*` spans on worker threads, or trainer labels."""
     t = rt.events
     names = t.name_mask(HOST_COMM_RE.match)[w.rows]
@@ -142,7 +141,6 @@ def host_comms(rt: RankTrace, w: Window) -> RankComms:
         axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
         coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
         nbytes[nbytes < 0] = lbytes[nbytes < 0]
-    compute, _ = host_split(t, w)
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
     implied_group_size(rc, rt.pg_config)
     return rc

@@ -7,18 +7,18 @@ from typing import Optional
 
 import numpy as np
 
+from ..topology import RankGrid
 from ..trace.job import Job
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
-from .breakdown import analyse_timeline, exposed_comm_by_step
-from .findings import findings
-from .kernels import top_kernels
-from .pipeline import pipeline
-from .rates import throughput
-from ..topology import RankGrid
+from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, attribute_axes, gpu_comms, host_comms
 from .commstats import axis_overlap, op_stats, rank_comm
+from .findings import findings
+from .kernels import top_kernels
 from .matching import match
+from .pipeline import pipeline
+from .rates import throughput
 from .results import CommAnalysis, Diagnosis, Problem, RankResult, StepTime
 from .stragglers import collective_stragglers, step_stragglers
 from .steps import gpu_window, host_steps, host_window
@@ -49,8 +49,9 @@ def _rank_pass(rt: RankTrace, top_n: int):
     else:
         host_rows = np.flatnonzero(t.mask(Kind.CPU_OP, Kind.ANNOTATION) & ~t.name_mask(lambda s: s.startswith("ProfilerStep")))
         w = host_window(t, host_rows, steps)
-    breakdown, overlap = analyse_timeline(t, w, timeline)
-    exposed = exposed_comm_by_step(t, w, timeline)
+    sets = timeline_sets(t, w, timeline)
+    breakdown, overlap = analyse_timeline(sets, w, timeline)
+    exposed = exposed_comm_by_step(t, w, sets)
     in_window = set(np.unique(w.step_index[w.step_index >= 0]).tolist())
     step_list = [StepTime(number=int(steps.number[i]),
                           host_s=float(steps.end_ns[i] - steps.start_ns[i]) * 1e-9,
@@ -60,7 +61,7 @@ def _rank_pass(rt: RankTrace, top_n: int):
     if w.excluded_rows:
         notes.append(f"{w.excluded_rows} {timeline} events left out of the window: {w.excluded_why}")
     notes += [f"{n} {what}" for what, n in rt.skipped.items()]
-    comms = gpu_comms(rt, w) if timeline == "gpu" else host_comms(rt, w)
+    comms = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
     return RankResult(
         rank=int(rt.rank), file=rt.path, device=device_name(rt), timeline=timeline,
         breakdown=breakdown, overlap=overlap, steps=step_list,
