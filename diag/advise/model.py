@@ -1,0 +1,313 @@
+"""Step-time model of a 3D-parallel (TP x PP x DP) GPT training step.
+
+Problem: to predict what a configuration change buys (recommendations) and to test the
+analyser against traces whose truth is known (synth.py), diag needs one model of where a
+step's time goes. This module simulates, event by event, the programs schedule.py writes
+for every rank: compute runs for its given time; a collective starts when all of its
+group has arrived and each rank's op lasts from its own arrival to the end of the
+transfer; a pipeline receive lasts from when the stage is ready until the data is there.
+The result is a per-rank Timeline from which step time, bubble and overlap follow.
+docs/model.md lists what the model assumes and what it ignores.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..analysis.bandwidth import bus_factor
+from ..topology import RankGrid
+from ..trace.kinds import Coll
+from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
+
+WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step costs, calibrated for the unsharded model (TP = PP = 1)."""
+
+    num_layers: int
+    fwd_s_per_layer: float          # forward of one layer, one micro-batch, TP = 1
+    bwd_ratio: float = 2.0          # backward / forward
+    tp_bytes_per_layer: float = 0.0  # bytes of each TP all-reduce (2 in forward, 2 in backward per layer)
+    p2p_bytes: float = 0.0          # activation bytes sent between stages per micro-batch
+    grad_bytes: float = 0.0         # gradient bytes of the whole unsharded model
+    optimizer_s: float = 0.0        # at TP = PP = 1; scales 1 / (tp * pp)
+    launch_overhead_s: float = 0.0  # added to every compute kernel
+    recompute: str = "none"         # "none" | "full" (one more forward per micro-batch in backward)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer, got {self.num_layers!r}")
+        if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
+            raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
+        for name in ("tp_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.recompute not in ("none", "full"):
+            raise ValueError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The parallel layout and schedule (Megatron-LM flags in docs/model.md)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    num_micro_batches: int = 1
+    micro_batch_size: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    overlap_grad_reduce: bool = False
+    bucket_bytes: float = 40e6
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "num_micro_batches", "micro_batch_size", "virtual_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Config.{name} must be a positive integer, got {v!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError("virtual_stages > 1 needs the interleaved schedule")
+        if not self.bucket_bytes > 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+
+    @property
+    def grid(self) -> RankGrid:
+        return RankGrid(tp=self.tp, pp=self.pp, dp=self.dp)
+
+    def check(self, workload: Workload) -> None:
+        chunks = self.pp * self.virtual_stages
+        if workload.num_layers % chunks:
+            raise ValueError(f"num_layers {workload.num_layers} is not divisible by pp x virtual stages = {chunks}")
+
+
+@dataclass(frozen=True)
+class Links:
+    """nccl-tests bus bandwidth (bytes/s) per axis and a fixed latency per communication op."""
+
+    tp: float = math.inf
+    pp: float = math.inf
+    dp: float = math.inf
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Links.{name} busbw must be > 0 bytes/s, got {getattr(self, name)!r}")
+        if not self.latency_s >= 0:
+            raise ValueError("latency_s must be >= 0")
+
+
+def allreduce_s(nbytes: float, n: int, busbw: float, latency_s: float = 0.0) -> float:
+    """nccl-tests: busbw = S / t * 2(n-1)/n, so t = S * 2(n-1)/n / busbw (plus latency)."""
+    if n <= 1:
+        return 0.0
+    return latency_s + nbytes * bus_factor(Coll.ALL_REDUCE, n) / busbw
+
+
+def p2p_s(nbytes: float, busbw: float, latency_s: float = 0.0) -> float:
+    return latency_s + nbytes * bus_factor(Coll.SEND, 2) / busbw
+
+
+def _even(nbytes: float) -> int:
+    """Whole bf16 elements: traces give sizes as element counts x 2 bytes."""
+    return int(2 * round(nbytes / 2))
+
+
+def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> tuple:
+    """Gradient buckets in backward order (last layer first): (closing layer, bytes, seconds)."""
+    if c.dp == 1:
+        return ()
+    out, acc = [], 0.0
+    for layer in range(layers):
+        acc += bytes_per_layer
+        if acc >= c.bucket_bytes or layer == layers - 1:
+            b = _even(acc)
+            out.append((layer, b, allreduce_s(b, c.dp, links.dp, links.latency_s)))
+            acc = 0.0
+    return tuple(out)
+
+
+def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> StageCosts:
+    layers = w.num_layers // c.pp
+    f = w.fwd_s_per_layer / c.tp * slowdown
+    tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer), _even(w.p2p_bytes)
+    return StageCosts(
+        layers=layers, fwd_half_s=f / 2 + w.launch_overhead_s, bwd_half_s=f * w.bwd_ratio / 2 + w.launch_overhead_s,
+        recompute_s=f + w.launch_overhead_s if w.recompute == "full" else 0.0,
+        tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
+        p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
+        buckets=dp_buckets(layers, w.grad_bytes / (c.tp * w.num_layers), c, links),
+        optimizer_s=w.optimizer_s / (c.tp * c.pp), overlap_dp=c.overlap_grad_reduce)
+
+
+def place(grid: RankGrid, rank: int) -> Place:
+    co = grid.coords(rank)
+    def nb(s): return grid.rank(co.tp_rank, s, co.dp_rank) if 0 <= s < grid.pp else None
+    return Place(rank=rank, stage=co.pp_rank, stages=grid.pp, tp_group=tuple(grid.group_of(rank, "tp")),
+                 dp_group=tuple(grid.group_of(rank, "dp")), pp_group=tuple(grid.group_of(rank, "pp")),
+                 prev_rank=nb(co.pp_rank - 1), next_rank=nb(co.pp_rank + 1))
+
+
+def _merge(starts, ends) -> list:
+    """Union of intervals as a sorted list of disjoint [start, end)."""
+    out: list = []
+    for s, e in sorted(zip(starts, ends)):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _overlap(a: list, b: list) -> float:
+    """Length of the intersection of two disjoint, sorted interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+@dataclass(frozen=True)
+class RankOps:
+    """One rank's GPU operations, columnar, in start order, with its step boundaries."""
+
+    rank: int
+    start_s: np.ndarray
+    dur_s: np.ndarray
+    kind: tuple                     # "compute" | "comm"
+    name: tuple
+    axis: tuple                     # "tp" | "pp" | "dp" | None
+    op: tuple                       # "all_reduce" | "send" | "recv" | None
+    nbytes: np.ndarray
+    group: tuple                    # member ranks of the op's process group
+    step: np.ndarray
+    stream: tuple                   # "main" | "dp"
+    step_start_s: np.ndarray        # steps + 1 values: each step's start, then the last step's end
+
+    def __post_init__(self) -> None:
+        n = self.start_s.size
+        if any(len(c) != n for c in (self.dur_s, self.kind, self.name, self.axis, self.op,
+                                     self.nbytes, self.group, self.step, self.stream)):
+            raise ValueError("RankOps columns differ in length")
+        if np.any(np.diff(self.step_start_s) < 0):
+            raise ValueError("step boundaries must not decrease")
+
+    @classmethod
+    def from_rows(cls, rank: int, rows: list, bounds: list) -> "RankOps":
+        cols = list(zip(*rows)) if rows else [()] * 10
+        return cls(rank, np.array(cols[0], float), np.array(cols[1], float), tuple(cols[2]), tuple(cols[3]),
+                   tuple(cols[4]), tuple(cols[5]), np.array(cols[6], np.int64), tuple(cols[7]),
+                   np.array(cols[8], np.int64), tuple(cols[9]), np.array(bounds, float))
+
+    def __len__(self) -> int:
+        return int(self.start_s.size)
+
+    def step_durations(self) -> np.ndarray:
+        return np.diff(self.step_start_s)
+
+    def select(self, steps=None, kind=None, axis=None) -> np.ndarray:
+        """Boolean mask of ops in `steps` (all if None) of a kind and axis (any if None)."""
+        m = np.ones(len(self), bool) if steps is None else np.isin(self.step, list(steps))
+        if kind is not None:
+            m &= np.array([k == kind for k in self.kind], bool)
+        if axis is not None:
+            m &= np.array([a == axis for a in self.axis], bool)
+        return m
+
+    def pp_time_per_step(self, steps=None) -> float:
+        m = self.select(steps, "comm", "pp")
+        return float(self.dur_s[m].sum()) / (len(set(self.step[self.select(steps)].tolist())) or 1)
+
+    def hidden_fraction(self, axis=None, steps=None) -> Optional[float]:
+        """|comm ∩ compute| / |comm| (HTA's comm/comp overlap); None without communication."""
+        c, x = self.select(steps, "comm", axis), self.select(steps, "compute")
+        comm = _merge(self.start_s[c], self.start_s[c] + self.dur_s[c])
+        total = sum(e - s for s, e in comm)
+        if total <= 0:
+            return None
+        return _overlap(comm, _merge(self.start_s[x], self.start_s[x] + self.dur_s[x])) / total
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Every rank's operations over `steps` steady-state steps."""
+
+    ranks: tuple
+    grid: RankGrid
+    steps: int
+
+    def __post_init__(self) -> None:
+        if len(self.ranks) != self.grid.world_size:
+            raise ValueError("one RankOps per rank of the grid")
+
+    @property
+    def step_time_s(self) -> float:
+        """Median step duration of the slowest rank (in steady state all ranks agree)."""
+        return float(max(np.median(r.step_durations()) for r in self.ranks))
+
+    def stage_bubble(self) -> dict:
+        """Per stage: mean over its ranks of PP send/recv time per step / step time."""
+        out = {}
+        for s in range(self.grid.pp):
+            rs = [r for r in self.ranks if self.grid.coords(r.rank).pp_rank == s]
+            out[s] = float(np.mean([r.pp_time_per_step() / np.median(r.step_durations()) for r in rs]))
+        return out
+
+
+def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
+             stage_slowdown: Optional[dict] = None, rank_delay: Optional[dict] = None) -> Timeline:
+    """Timeline of `steps` steady-state steps of every rank (one warm-up step is run and dropped).
+
+    stage_slowdown {stage: factor} scales a stage's compute (imbalance); rank_delay {rank: s}
+    holds one rank back by s seconds at the start of each step (a straggler).
+    """
+    config.check(workload)
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    grid, slow, delay = config.grid, stage_slowdown or {}, rank_delay or {}
+    costs = {s: stage_costs(workload, config, links, slow.get(s, 1.0)) for s in range(config.pp)}
+    programs = {}
+    for r in range(grid.world_size):
+        pl = place(grid, r)
+        main, dp = [], []
+        for k in range(-WARMUP_STEPS, steps):
+            mk, dk = step_program(config.schedule, config.num_micro_batches, pl, costs[pl.stage], k, delay.get(r, 0.0))
+            main += [(k, i) for i in mk]
+            dp += [(k, i) for i in dk]
+        programs[(r, "main")], programs[(r, "dp")] = main, dp
+    records, marks, ends = Engine(programs).run()
+    return _timeline(grid, steps, records, marks, ends)
+
+
+def _timeline(grid: RankGrid, steps: int, records, marks, ends) -> Timeline:
+    t0 = min(marks[r][WARMUP_STEPS] for r in marks)
+    ranks = []
+    for r in range(grid.world_size):
+        rows = sorted(x for x in records[r] if x[8] >= 0)
+        bounds = [m - t0 for m in marks[r][WARMUP_STEPS:]] + [ends[r] - t0]
+        ranks.append(RankOps.from_rows(r, [(x[0] - t0,) + x[1:] for x in rows], bounds))
+    return Timeline(ranks=tuple(ranks), grid=grid, steps=steps)
+
+
+def step_time(workload: Workload, config: Config, links: Links, **kw) -> float:
+    """Seconds per steady-state step."""
+    return simulate(workload, config, links, steps=2, **kw).step_time_s
+
+
+def bubble_fraction(workload: Workload, config: Config, links: Links, **kw) -> dict:
+    """Per pipeline stage: time in PP send/recv (waiting on neighbours, not computing) / step."""
+    return simulate(workload, config, links, steps=2, **kw).stage_bubble()

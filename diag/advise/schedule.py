@@ -1,0 +1,235 @@
+"""What each rank issues in one training step, in program order.
+
+The step-time model (model.py) needs, per rank, the sequence of work the rank runs: the
+forward and backward passes of its micro-batches in the pipeline schedule's order, the TP
+all-reduces inside each layer, the pipeline sends and receives around each pass, the DP
+gradient buckets and the optimizer. This module writes that program as a list of
+instructions per stream, and runs the programs of all ranks against each other (Engine):
+compute takes its time; a collective starts when its whole group has arrived, and each
+rank's op lasts from its own arrival to the end of the transfer; sends are eager, and a
+receive lasts from when the rank is ready until the data is there.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+WHATS = ("compute", "send", "recv", "coll", "launch", "wait", "idle", "mark")
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One instruction of a rank's program on one stream ("main" or "dp")."""
+
+    what: str                       # one of WHATS
+    name: str = ""
+    dur_s: float = 0.0              # compute / idle: its length; send / coll: the transfer time
+    axis: Optional[str] = None      # tp | pp | dp for communication
+    op: Optional[str] = None        # all_reduce | send | recv
+    nbytes: int = 0
+    group: tuple = ()               # process-group member ranks
+    key: tuple = ()                 # rendezvous / event key shared by the ranks involved
+
+    def __post_init__(self) -> None:
+        if self.what not in WHATS:
+            raise ValueError(f"unknown instruction {self.what!r}")
+        if self.dur_s < 0:
+            raise ValueError(f"{self.name}: negative duration {self.dur_s}")
+
+
+def stage_order(schedule: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
+    """(pass, micro-batch) in the order stage s of p runs them: pass is "F" or "B".
+
+    1F1B (PipeDream-flush, Megatron's non-interleaved schedule): min(p-s-1, m) warm-up
+    forwards, then one forward and one backward alternately, then the remaining backwards.
+    GPipe: every forward, then every backward, micro-batches in order.
+    """
+    if not 0 <= s < p or m < 1:
+        raise ValueError(f"stage {s} of {p}, {m} micro-batches")
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    if schedule == "1f1b":
+        w = min(p - s - 1, m)
+        order = [("F", i) for i in range(w)]
+        for j in range(m - w):
+            order += [("F", w + j), ("B", j)]
+        return order + [("B", i) for i in range(m - w, m)]
+    if schedule == "interleaved":
+        raise NotImplementedError("the interleaved 1F1B schedule is not modelled yet; use 1f1b or gpipe")
+    raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Durations (seconds) and sizes one rank of a stage needs to write its program."""
+
+    layers: int                     # layers on this stage
+    fwd_half_s: float               # one half-layer (attention or MLP) forward compute
+    bwd_half_s: float               # one half-layer backward compute
+    recompute_s: float              # forward recomputed before a layer's backward (0 without)
+    tp_ar_s: float                  # one TP all-reduce; 0 when tp == 1
+    tp_bytes: int
+    p2p_s: float
+    p2p_bytes: int
+    buckets: tuple                  # ((last layer of bucket in backward order, bytes, seconds), ...)
+    optimizer_s: float
+    overlap_dp: bool
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank sits: its groups and pipeline neighbours."""
+
+    rank: int
+    stage: int
+    stages: int
+    tp_group: tuple
+    dp_group: tuple
+    pp_group: tuple
+    prev_rank: Optional[int]
+    next_rank: Optional[int]
+
+
+class ProgramWriter:
+    """Appends one step's instructions for one rank; collective sequence numbers per group."""
+
+    def __init__(self, place: Place, costs: StageCosts, step: int):
+        self.p, self.c, self.step = place, costs, step
+        self.main: list[Instr] = []
+        self.dp: list[Instr] = []
+        self._seq: dict = {}
+
+    def _coll(self, axis: str, group: tuple, nbytes: int, dur: float, name: str) -> Instr:
+        n = self._seq.get(group, 0)
+        self._seq[group] = n + 1
+        return Instr("coll", name, dur, axis, "all_reduce", nbytes, group, ("coll", self.step, group, n))
+
+    def _p2p(self, what: str, kind: str, mb: int, src: int, dst: int) -> Instr:
+        c = self.c
+        return Instr(what, f"{what}_{kind}", c.p2p_s if what == "send" else 0.0, "pp", what,
+                     c.p2p_bytes, self.p.pp_group, ("p2p", kind, self.step, mb, src, dst))
+
+    def _half(self, name: str, dur: float) -> None:
+        self.main.append(Instr("compute", name, dur))
+        if len(self.p.tp_group) > 1:
+            self.main.append(self._coll("tp", self.p.tp_group, self.c.tp_bytes, self.c.tp_ar_s, "tp_all_reduce"))
+
+    def forward(self, mb: int) -> None:
+        p = self.p
+        if p.prev_rank is not None:
+            self.main.append(self._p2p("recv", "act", mb, p.prev_rank, p.rank))
+        for _ in range(self.c.layers):
+            self._half("fwd_attn", self.c.fwd_half_s)
+            self._half("fwd_mlp", self.c.fwd_half_s)
+        if p.next_rank is not None:
+            self.main.append(self._p2p("send", "act", mb, p.rank, p.next_rank))
+
+    def backward(self, mb: int, last: bool) -> None:
+        p, c = self.p, self.c
+        if p.next_rank is not None:
+            self.main.append(self._p2p("recv", "grad", mb, p.next_rank, p.rank))
+        closing = {b[0]: i for i, b in enumerate(c.buckets)}
+        for layer in range(c.layers):            # backward order: last layer first
+            if c.recompute_s > 0:
+                self.main.append(Instr("compute", "recompute_fwd", c.recompute_s))
+            self._half("bwd_mlp", c.bwd_half_s)
+            self._half("bwd_attn", c.bwd_half_s)
+            if last and c.overlap_dp and layer in closing:
+                self.main.append(Instr("launch", key=("bucket", self.step, closing[layer])))
+        if p.prev_rank is not None:
+            self.main.append(self._p2p("send", "grad", mb, p.rank, p.prev_rank))
+
+    def grad_sync_and_optimizer(self) -> None:
+        c, p = self.c, self.p
+        stream = self.dp if c.overlap_dp else self.main
+        for i, (_, nbytes, dur) in enumerate(c.buckets):
+            if c.overlap_dp:
+                self.dp.append(Instr("wait", key=("bucket", self.step, i)))
+            stream.append(self._coll("dp", p.dp_group, nbytes, dur, f"dp_bucket_{i}"))
+        if c.overlap_dp:
+            self.dp.append(Instr("launch", key=("dp_done", self.step)))
+            self.main.append(Instr("wait", key=("dp_done", self.step)))
+        if c.optimizer_s > 0:
+            self.main.append(Instr("compute", "optimizer", c.optimizer_s))
+
+
+def step_program(schedule: str, m: int, place: Place, costs: StageCosts, step: int,
+                 delay_s: float = 0.0) -> tuple[list[Instr], list[Instr]]:
+    """(main stream, dp stream) instructions of one rank for one step."""
+    w = ProgramWriter(place, costs, step)
+    w.main.append(Instr("mark", key=("step", step)))
+    if delay_s > 0:
+        w.main.append(Instr("idle", "straggler delay", delay_s))
+    for kind, mb in stage_order(schedule, place.stages, place.stage, m):
+        if kind == "F":
+            w.forward(mb)
+        else:
+            w.backward(mb, last=mb == m - 1)
+    w.grad_sync_and_optimizer()
+    return w.main, w.dp
+
+
+class Engine:
+    """Runs every stream's program as far as its dependencies allow, until all are done."""
+
+    def __init__(self, programs: dict):
+        self.programs = programs
+        self.pc = {sid: 0 for sid in programs}
+        self.now = {sid: 0.0 for sid in programs}
+        self.events: dict = {}
+        self.arrivals: dict = defaultdict(dict)
+        self.records: dict = defaultdict(list)
+        self.marks: dict = defaultdict(list)
+
+    def run(self):
+        progress = True
+        while progress:
+            progress = False
+            for sid, prog in self.programs.items():
+                while self.pc[sid] < len(prog):
+                    step, ins = prog[self.pc[sid]]
+                    t = self._advance(sid, step, ins)
+                    if t is None:
+                        break
+                    self.now[sid], self.pc[sid], progress = t, self.pc[sid] + 1, True
+        stuck = [sid for sid, prog in self.programs.items() if self.pc[sid] < len(prog)]
+        if stuck:
+            raise RuntimeError(f"the schedule deadlocks: {stuck[:4]} wait on {[self.programs[s][self.pc[s]][1] for s in stuck[:2]]}")
+        return self.records, self.marks, {r: t for (r, s), t in self.now.items() if s == "main"}
+
+    def _record(self, sid, step, ins: Instr, start: float, end: float) -> None:
+        kind = "compute" if ins.what == "compute" else "comm"
+        op = ins.op if kind == "comm" else None
+        self.records[sid[0]].append((start, end - start, kind, ins.name, ins.axis, op, ins.nbytes, ins.group, step, sid[1]))
+
+    def _advance(self, sid, step, ins: Instr) -> Optional[float]:
+        t, w = self.now[sid], ins.what
+        if w == "mark":
+            self.marks[sid[0]].append(t)
+            return t
+        if w == "idle":
+            return t + ins.dur_s
+        if w == "launch":
+            self.events[ins.key] = t
+            return t
+        if w == "wait":
+            return max(t, self.events[ins.key]) if ins.key in self.events else None
+        if w in ("compute", "send"):
+            self._record(sid, step, ins, t, t + ins.dur_s)
+            if w == "send":
+                self.events[ins.key] = t + ins.dur_s
+            return t + ins.dur_s
+        if w == "recv":
+            if ins.key not in self.events:
+                return None
+            end = max(t, self.events[ins.key])
+        else:  # coll: every member of the group must have arrived
+            arrived = self.arrivals[ins.key]
+            arrived.setdefault(sid[0], t)
+            if len(arrived) < len(ins.group):
+                return None
+            end = max(arrived.values()) + ins.dur_s
+        self._record(sid, step, ins, t, end)
+        return end

@@ -1,0 +1,145 @@
+"""The step-time model against values worked out by hand.
+
+Notation: tf, tb = forward, backward seconds of one micro-batch on one stage; p stages,
+m micro-batches. Times are floats summed in a different order than the formulas, so
+comparisons use a relative tolerance of 1e-9 (float rounding, nothing else).
+"""
+import math
+
+import pytest
+
+from diag.advise import Config, Links, Workload, allreduce_s, bubble_fraction, simulate, stage_order, step_time
+
+REL = 1e-9
+MS = 1e-3
+
+
+def approx(x):
+    return pytest.approx(x, rel=REL, abs=1e-12)
+
+
+def test_stage_order_1f1b_and_gpipe():
+    o = stage_order("1f1b", 4, 0, 8)
+    assert o[:4] == [("F", 0), ("F", 1), ("F", 2), ("F", 3)] and o[4] == ("B", 0)
+    assert stage_order("1f1b", 4, 3, 8)[:3] == [("F", 0), ("B", 0), ("F", 1)]
+    assert stage_order("gpipe", 2, 1, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    for s in range(4):
+        o = stage_order("1f1b", 4, s, 2)      # fewer micro-batches than warm-up slots
+        assert sorted(o) == sorted([("F", i) for i in range(2)] + [("B", i) for i in range(2)])
+    with pytest.raises(NotImplementedError):
+        stage_order("interleaved", 4, 0, 8)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("p,m", [(4, 8), (2, 2), (4, 2), (2, 8)])
+def test_zero_comm_pipeline_step_and_bubble(schedule, p, m):
+    """step = (m+p-1)(tf+tb); every stage idles (p-1)(tf+tb) in PP recv -> (p-1)/(m+p-1)."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS)
+    tf, tb = 8 / p * MS, 2 * 8 / p * MS
+    c = Config(pp=p, num_micro_batches=m, schedule=schedule)
+    t = simulate(w, c, Links(), steps=3)
+    assert t.step_time_s == approx((m + p - 1) * (tf + tb))
+    for frac in t.stage_bubble().values():
+        assert frac == approx((p - 1) / (m + p - 1))
+    for r in t.ranks:                       # steady state: every step of every rank the same
+        assert list(r.step_durations()) == [approx(t.step_time_s)] * 3
+
+
+def test_tp_all_reduces_serialise_with_compute():
+    """pp=dp=1, tp=2: per micro-batch 4 all-reduces per layer of S * 2(1/2) / busbw each."""
+    w = Workload(num_layers=2, fwd_s_per_layer=2 * MS, tp_bytes_per_layer=10e6)
+    c = Config(tp=2, num_micro_batches=3)
+    ar = 10e6 * 1.0 / 100e9
+    expect = 3 * (2 * (1 * MS + 2 * MS) + 2 * 4 * ar)
+    assert step_time(w, c, Links(tp=100e9)) == approx(expect)
+    assert allreduce_s(10e6, 2, 100e9) == approx(ar)
+
+
+def test_dp_all_reduce_not_overlapped():
+    """Added time = grad_bytes/(tp·pp) · 2(dp-1)/dp / busbw, whatever the bucketing."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, grad_bytes=8e9)
+    links = Links(dp=50e9)
+    for tp, pp, dp in [(1, 1, 2), (2, 2, 4), (1, 4, 3)]:
+        base = Config(tp=tp, pp=pp, dp=1, num_micro_batches=4, bucket_bytes=1e8)
+        c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=4, bucket_bytes=1e8)
+        added = 8e9 / (tp * pp) * 2 * (dp - 1) / dp / 50e9
+        assert step_time(w, c, links) - step_time(w, base, links) == approx(added)
+        t = simulate(w, c, links, steps=1)
+        for r in t.ranks:
+            assert r.dur_s[r.select(axis="dp")].sum() == approx(added)
+
+
+def test_overlap_hides_buckets_behind_backward():
+    """8 one-layer buckets, each shorter than a layer's backward: only the last is exposed."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, grad_bytes=8e9)
+    links = Links(dp=1e12)                       # a 1e9-byte bucket over 2 ranks: 1 ms < 2 ms backward
+    bucket_s = 1e9 * 1.0 / 1e12
+    on = Config(dp=2, num_micro_batches=2, overlap_grad_reduce=True, bucket_bytes=1e9)
+    off = Config(dp=2, num_micro_batches=2, overlap_grad_reduce=False, bucket_bytes=1e9)
+    compute = 2 * 8 * 3 * MS
+    assert step_time(w, off, links) == approx(compute + 8 * bucket_s)
+    assert step_time(w, on, links) == approx(compute + bucket_s)
+    t = simulate(w, on, links, steps=2)
+    for r in t.ranks:
+        assert r.hidden_fraction(axis="dp") == approx(7 / 8)
+    assert simulate(w, off, links, steps=2).ranks[0].hidden_fraction() == approx(0.0)
+
+
+@pytest.mark.parametrize("tp,pp,dp,late", [(1, 1, 4, 2), (2, 2, 2, 1), (2, 1, 1, 1)])
+def test_straggler_delays_everyone(tp, pp, dp, late):
+    """A rank d late each step makes every rank's step d longer: they wait at collectives.
+
+    (The late rank is on the first stage: a later stage's delay at the start of a step is
+    absorbed by the time it waits for its first forward anyway; see the next test.)
+    """
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, tp_bytes_per_layer=1e6, p2p_bytes=1e6,
+                 grad_bytes=1e8, optimizer_s=1 * MS)
+    c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=4, bucket_bytes=2.5e7)
+    links = Links(tp=100e9, pp=25e9, dp=25e9)
+    base = simulate(w, c, links, steps=3)
+    slow = simulate(w, c, links, steps=3, rank_delay={late: 0.7 * MS})
+    for r0, r1 in zip(base.ranks, slow.ranks):
+        assert list(r1.step_durations()) == [approx(d + 0.7 * MS) for d in r0.step_durations()]
+
+
+def test_delay_on_last_stage_hides_in_the_bubble():
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(pp=2, num_micro_batches=4)
+    # the last stage waits tf0 + tb0 = 6 ms for its first forward; a 1 ms delay fits in it
+    assert simulate(w, c, Links(), steps=2, rank_delay={1: 1 * MS}).step_time_s == approx(step_time(w, c, Links()))
+
+
+def test_recompute_adds_one_forward_per_micro_batch():
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, recompute="full")
+    assert step_time(w, Config(num_micro_batches=3), Links()) == approx(3 * (4 + 8 + 4) * MS)
+
+
+def test_stage_slowdown_sets_the_pace():
+    """p=2, m large: a 2x slower stage 1 sets the step; stage 0 waits on it (bigger bubble)."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(pp=2, num_micro_batches=16)
+    even = bubble_fraction(w, c, Links())
+    slow = simulate(w, c, Links(), steps=2, stage_slowdown={1: 2.0})
+    assert slow.step_time_s > step_time(w, c, Links())
+    assert slow.stage_bubble()[0] > even[0] and slow.stage_bubble()[1] < slow.stage_bubble()[0]
+    # the slow stage computes 16 * (4 + 8) ms and idles (p-1)(tf+tb) of the fast stage: 2 + 4 ms
+    assert slow.step_time_s == approx(16 * 12 * MS + 2 * MS + 4 * MS)
+
+
+def test_validation():
+    with pytest.raises(ValueError):
+        Workload(num_layers=0, fwd_s_per_layer=1.0)
+    with pytest.raises(ValueError):
+        Workload(num_layers=2, fwd_s_per_layer=1.0, recompute="selective")
+    with pytest.raises(ValueError):
+        Config(schedule="zb")
+    with pytest.raises(ValueError):
+        Config(virtual_stages=2)                 # only with the interleaved schedule
+    with pytest.raises(ValueError):
+        Links(tp=0)
+    with pytest.raises(ValueError):
+        simulate(Workload(num_layers=6, fwd_s_per_layer=1.0), Config(pp=4), Links())
+    with pytest.raises(NotImplementedError):
+        simulate(Workload(num_layers=8, fwd_s_per_layer=1.0),
+                 Config(pp=2, num_micro_batches=4, schedule="interleaved", virtual_stages=2), Links())
+    assert math.isinf(Links().tp)
