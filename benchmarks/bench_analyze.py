@@ -17,7 +17,9 @@ included), and peak RSS of the child from the rusage that os.wait4() returns for
 of them, not their sum). Because os.wait4 reports exactly the reaped child, there is none of the
 RUSAGE_CHILDREN "max over all children so far" problem. A psutil sampler (every 50 ms) also
 records the peak of the summed RSS of the child's whole process tree, which matters only when
-HTA parses several ranks in a multiprocessing pool; the table uses max(ru_maxrss, tree peak).
+HTA parses several ranks in a multiprocessing pool; the table uses max(ru_maxrss, tree peak), the
+tree summed as PSS (shared pages split among the processes sharing them) so forked workers'
+copy-on-write pages are not counted twice.
 
 Output: a table on stdout and, with --out, all runs and medians as JSON.
 """
@@ -103,9 +105,14 @@ def _tree_rss(pid: int) -> int:
     total = 0
     for q in procs:
         try:
-            total += q.memory_info().rss
-        except psutil.Error:
-            pass
+            # PSS, not RSS: forked workers share the parent's pages (diag's and HTA's pools
+            # both fork); RSS would count every shared page once per process.
+            total += q.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            try:
+                total += q.memory_info().rss
+            except psutil.Error:
+                pass
     return total
 
 

@@ -16,6 +16,8 @@ FORMATS = ("text", "json", "markdown")
 
 def _progress():
     """A progress bar on stderr when it is a terminal; nothing when piped."""
+    if not sys.stderr.isatty():
+        return None, None
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -69,7 +71,7 @@ def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp,
     traces; the flags override them, and what neither gives is reported as unknown.
     """
     from .analysis import diagnose
-    from .report import RENDERERS
+    from .report import render
     from .trace import load_job
 
     bar, update = _progress()
@@ -88,7 +90,7 @@ def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp,
     except ValueError as e:          # e.g. --tp/--pp that do not divide the world size
         click.echo(f"diag: error: {path}: {e}", err=True)
         sys.exit(2)
-    report = RENDERERS[fmt](diagnosis)
+    report = render(diagnosis, fmt)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as f:

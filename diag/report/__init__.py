@@ -1,8 +1,15 @@
 """Renderers: a Diagnosis in, text / JSON / Markdown out. No analysis happens here."""
-from .jsonfmt import render_json
-from .markdown import render_markdown
-from .text import render_text
+from importlib import import_module
 
-RENDERERS = {"text": render_text, "json": render_json, "markdown": render_markdown}
+# Imported on use: the JSON path should not pay for rich (terminal tables).
+_RENDERERS = {"text": ("text", "render_text"), "json": ("jsonfmt", "render_json"),
+              "markdown": ("markdown", "render_markdown")}
+FORMATS = tuple(_RENDERERS)
 
-__all__ = ["RENDERERS", "render_json", "render_markdown", "render_text"]
+
+def render(diagnosis, fmt: str) -> str:
+    module, func = _RENDERERS[fmt]
+    return getattr(import_module(f"{__name__}.{module}"), func)(diagnosis)
+
+
+__all__ = ["FORMATS", "render"]

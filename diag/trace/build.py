@@ -7,26 +7,18 @@ Python objects, never a Python object per event of the whole file.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
 
 from . import schema
-from .columns import num_column, sparse_column
+from .chunks import ChunkCols, chunk_columns, parallel_chunks
+from .columns import num_column
 from .commtable import comm_table, host_comm_mask, pg_ranks_of
 from .errors import TraceError
-from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_kind
 from .symbols import SymbolTable
 from .table import EventTable, RankTrace
-
-# Field getters run in C over a whole chunk (map), not in a Python loop.
-_NAME, _CAT, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ts", "dur"))
-_PID_TID = attrgetter("pid", "tid")
-# Flow arrows and instants: links and marks, not time spent; nothing to report.
-_LINK_PHASES = frozenset({"s", "t", "f", "i", "I"})
-
 
 @dataclass
 class _Parts:
@@ -35,7 +27,7 @@ class _Parts:
     symbols: SymbolTable
     threads: dict = field(default_factory=dict)        # (pid, tid) -> host thread index
     cols: dict = field(default_factory=dict)           # column name -> list of arrays
-    args: dict = field(default_factory=dict)           # global row -> decoded Args
+    args: dict = field(default_factory=dict)           # global row -> Args, communication rows
     meta: list = field(default_factory=list)           # metadata ("M") events
     skipped: dict = field(default_factory=dict)
     rows: int = 0
@@ -49,75 +41,28 @@ class _Parts:
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
-def codes_of(values: list) -> tuple[np.ndarray, dict]:
-    """Small integer codes of hashable values, with the value -> code map (C-level loops)."""
-    codes = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values)), codes
-
-
-def _kinds(cats: list[str], name_ids: np.ndarray, symbols: SymbolTable) -> np.ndarray:
-    idx, codes = codes_of(cats)
-    by_cat = np.full(len(codes) + 1, -2, dtype=np.int8)   # -2: a kernel, decided by its name
-    for c, i in codes.items():
-        lc = c.lower()
-        by_cat[i] = -2 if lc in KERNEL_CATEGORIES else CATEGORY_KIND.get(lc, Kind.OTHER)
-    kind = by_cat[idx]
-    is_kernel = kind == -2
-    if is_kernel.any():
-        ids = np.unique(name_ids[is_kernel])
-        lut = np.full(len(symbols), Kind.COMPUTE, dtype=np.int8)
-        lut[ids] = [kernel_kind(symbols[int(i)]) for i in ids]
-        kind[is_kernel] = lut[name_ids[is_kernel]]
-    return kind
-
-
-def _timed(parts: _Parts, chunk: list) -> list:
-    """The complete ('X') events; metadata kept aside; other phases counted."""
-    evs = [e for e in chunk if e.ph == "X"]
-    if len(evs) < len(chunk):
-        for e in chunk:
-            if e.ph == "M":
-                parts.meta.append(e)
-            elif e.ph != "X" and e.ph not in _LINK_PHASES:
-                key = f"events of phase '{e.ph}' (not analysed)"
-                parts.skipped[key] = parts.skipped.get(key, 0) + 1
-    return evs
-
-
-def _add_chunk(parts: _Parts, chunk: list) -> None:
-    evs = _timed(parts, chunk)
-    if not evs:
+def _merge(parts: "_Parts", cc: ChunkCols) -> None:
+    """Append a chunk's columns, mapping its local name and thread ids onto the rank's."""
+    parts.meta.extend(cc.meta)
+    for k, v in cc.skipped.items():
+        parts.skipped[k] = parts.skipped.get(k, 0) + v
+    if not cc.rows:
         return
-    sym = parts.symbols
-    name_ids = np.array(sym.intern_many(list(map(_NAME, evs))), dtype=np.int32)
-    kind = _kinds(list(map(_CAT, evs)), name_ids, sym)
-    gpu = np.isin(kind, GPU_ACTIVITY)
-    # Only these rows' args are read: GPU activity (stream, device, correlation), launches
-    # (correlation) and host communication ops (sizes, groups).
-    need = np.flatnonzero(gpu | (kind == Kind.RUNTIME) | host_comm_mask(name_ids, kind, sym))
-    args = schema.decode_args_many([evs[i].args for i in need])
-    n = len(evs)
-    keys = list(map(_PID_TID, evs))
-    for k in dict.fromkeys(keys):
-        parts.threads.setdefault(k, len(parts.threads))
-    parts.add(ts=np.array(list(map(_TS, evs)), dtype=np.float64),
-              dur=np.array(list(map(_DUR, evs)), dtype=np.float64),
-              name=name_ids, kind=kind, gpu=gpu,
-              thread=np.fromiter(map(parts.threads.__getitem__, keys), dtype=np.int32, count=n),
-              stream=sparse_column(n, need, [a.stream for a in args]),
-              device=sparse_column(n, need, [a.device for a in args]),
-              correlation=sparse_column(n, need, [a.correlation for a in args]),
-              external_id=sparse_column(n, need, [a.external_id for a in args]))
-    parts.args.update(zip((need + parts.rows).tolist(), args))
-    parts.rows += n
+    names = np.array(parts.symbols.intern_many(cc.names), dtype=np.int32)
+    threads = np.array([parts.threads.setdefault(k, len(parts.threads)) for k in cc.threads], dtype=np.int32)
+    cols = dict(cc.cols, name=names[cc.cols["name"]], thread=threads[cc.cols["thread"]])
+    parts.add(**cols)
+    parts.args.update({r + parts.rows: a for r, a in cc.comm_args.items()})
+    parts.rows += cc.rows
 
 
 def _decode_parts(path: str, doc: schema.TraceFile, symbols: SymbolTable) -> _Parts:
     for chunked in (True, False):
         parts = _Parts(symbols=symbols)
         try:
-            for chunk in schema.event_chunks(doc.traceEvents, chunked=chunked):
-                _add_chunk(parts, chunk)
+            done = parallel_chunks(doc.traceEvents) if chunked else None
+            for cc in done or map(chunk_columns, schema.event_chunks(doc.traceEvents, chunked=chunked)):
+                _merge(parts, cc)
             return parts
         except schema.ChunkingError:
             continue          # a cut fell inside an event: decode the array whole instead

@@ -35,13 +35,12 @@ def read_bytes(path: str) -> bytes:
 
 
 def decode_trace(path: str, data: bytes) -> schema.TraceFile:
-    if not data.strip():
+    if schema.first_byte(data) is None:
         raise TraceError(path, "empty file")
     try:
         doc = schema.decode(data)
     except msgspec.ValidationError as e:
-        first = data.lstrip()[:1]
-        if first not in (b"{", b"["):
+        if schema.first_byte(data) not in (b"{", b"["):
             raise TraceError(path, "not JSON") from None
         raise TraceError(path, f"not a PyTorch profiler trace: {e}") from None
     except msgspec.DecodeError as e:

@@ -94,36 +94,57 @@ def decode_args_many(raws: list) -> list[Args]:
         return [decode_args(r) for r in raws]
 
 
+_NON_SPACE = re.compile(rb"\S")
+
+
+def first_byte(data) -> "bytes | None":
+    """The first non-whitespace byte, without copying the buffer (None if there is none)."""
+    m = _NON_SPACE.search(data)
+    return data[m.start():m.start() + 1] if m else None
+
+
 def decode(data: bytes) -> TraceFile:
     """Decode the file's top level; raises msgspec.DecodeError / ValidationError on bad input."""
-    if data.lstrip()[:1] == b"[":           # a Chrome trace may be a bare array of events
+    if first_byte(data) == b"[":            # a Chrome trace may be a bare array of events
         msgspec.json.decode(data, type=list[msgspec.Raw])   # validate it is well-formed
         return TraceFile(traceEvents=msgspec.Raw(data))
     return _header_decoder.decode(data)
 
 
-def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
-    """Decode a raw JSON array of events in chunks of about CHUNK_BYTES (or whole)."""
-    buf = memoryview(array)                   # no copy: slices of the file's bytes
-    if not chunked or len(buf) <= 2 * CHUNK_BYTES:
-        yield _events_decoder.decode(buf)
-        return
+def chunk_ranges(array) -> list[tuple[int, int]]:
+    """Byte ranges [start, stop) of the array's content, cut between events about every
+    CHUNK_BYTES. A cut that falls inside an event shows up when that range fails to decode."""
+    buf = memoryview(array)
     start = bytes(buf[:64]).index(b"[") + 1
     end = len(buf) - bytes(buf[-64:])[::-1].index(b"]") - 1
+    ranges, pos = [], start
+    while pos < end:
+        m = _BOUNDARY.search(buf, pos + CHUNK_BYTES, end) if pos + CHUNK_BYTES < end else None
+        stop = m.start() + 1 if m else end
+        ranges.append((pos, stop))
+        pos = m.end() - 1 if m else end
+    return ranges
+
+
+def decode_range(array, start: int, stop: int) -> list[Event]:
+    return _events_decoder.decode(b"[" + memoryview(array)[start:stop] + b"]")
+
+
+def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
+    """Decode a raw JSON array of events in chunks of about CHUNK_BYTES (or whole)."""
+    if not chunked or len(memoryview(array)) <= 2 * CHUNK_BYTES:
+        yield _events_decoder.decode(memoryview(array))
+        return
     done = 0
-    pos = start
     try:
-        while pos < end:
-            m = _BOUNDARY.search(buf, pos + CHUNK_BYTES, end) if pos + CHUNK_BYTES < end else None
-            stop = m.start() + 1 if m else end
-            chunk = _events_decoder.decode(b"[" + buf[pos:stop] + b"]")
+        for start, stop in chunk_ranges(array):
+            chunk = decode_range(array, start, stop)
             done += len(chunk)
             yield chunk
-            pos = m.end() - 1 if m else end
     except (msgspec.DecodeError, msgspec.ValidationError):
         if done:
             raise ChunkingError(done) from None
-        yield _events_decoder.decode(buf)     # one whole decode: raises with the exact problem
+        yield _events_decoder.decode(memoryview(array))   # one whole decode: raises with the exact problem
 
 
 def is_empty_array(raw) -> bool:
