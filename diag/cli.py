@@ -4,6 +4,7 @@ Exit codes: 0 success; 2 bad input or usage (the message names the file and the 
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -34,7 +35,26 @@ def _progress():
     return bar, update
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Subcommands defined in their own modules, imported only when invoked, so `diag analyze`
+# never pays for the dashboard's or the recommender's imports. One line per command.
+LAZY_COMMANDS: dict[str, str] = {
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose LAZY_COMMANDS are imported on use (click docs: lazy subcommands)."""
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attr = LAZY_COMMANDS[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="diag")
 def main() -> None:
     """Diagnose 3D-parallel PyTorch training from profiler traces."""
