@@ -4,9 +4,23 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The stamp changes with pyproject.toml, so editing dependencies re-runs the install.
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-EXTRAS ?= trainer,hta,dev
+EXTRAS ?= trainer,hta,dashboard,dev
 
-.PHONY: setup demo test bench clean
+.PHONY: setup system-deps demo test bench clean
+
+# Debian packages the tests use for real: a headless browser for the dashboard test and a
+# Prometheus server (with promtool) for the metrics integration test.
+SYSTEM_DEPS := chromium chromium-driver prometheus
+SYSTEM_BINS := /usr/bin/chromium /usr/bin/prometheus /usr/bin/promtool
+system-deps:
+	@missing=""; for b in $(SYSTEM_BINS); do test -x $$b || missing=yes; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $(SYSTEM_DEPS) (Debian packages)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(SYSTEM_DEPS) \
+	    || { echo "error: could not install $(SYSTEM_DEPS); the dashboard and Prometheus tests need them" >&2; exit 1; }; \
+	fi
 
 setup: $(STAMP)
 
@@ -27,7 +41,7 @@ demo: setup
 	  --out $(DEMO_OUT)
 	$(BIN)/diag analyze $(DEMO_OUT)
 
-test: setup
+test: setup system-deps
 	$(BIN)/python -m pytest -q
 
 bench: setup
