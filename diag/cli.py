@@ -10,9 +10,9 @@ import sys
 
 import click
 
+from .report import FORMATS
 from .trace.errors import TraceError
 
-FORMATS = ("text", "json", "markdown")
 
 
 def _progress():
