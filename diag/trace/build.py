@@ -20,6 +20,9 @@ from .errors import TraceError
 from .symbols import SymbolTable
 from .table import EventTable, RankTrace
 
+MAX_SPAN_US = 1e11          # ~28 hours
+
+
 @dataclass
 class _Parts:
     """Columns of the chunks decoded so far, and what the whole file shares."""
@@ -68,6 +71,10 @@ def _decode_parts(path: str, doc: schema.TraceFile, symbols: SymbolTable) -> _Pa
             continue          # a cut fell inside an event: decode the array whole instead
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             raise TraceError(path, f"not a PyTorch profiler trace: {e} (in traceEvents)") from None
+        except RecursionError:
+            raise TraceError(path, "not a PyTorch profiler trace: JSON nested too deeply (in traceEvents)") from None
+        except UnicodeDecodeError:
+            raise TraceError(path, "not JSON: invalid UTF-8 in traceEvents") from None
     raise AssertionError("unreachable: whole decoding either succeeds or raises")
 
 
@@ -78,13 +85,20 @@ def _table(path: str, parts: _Parts) -> tuple[EventTable, np.ndarray]:
     good = np.isfinite(ts_us)
     if not good.any():
         raise TraceError(path, "no event has a timestamp")
+    # A real trace spans seconds to hours; an event days away from the others is corrupt, and
+    # keeping it would overflow int64 nanoseconds.
+    good &= np.abs(ts_us - np.median(ts_us[good])) <= MAX_SPAN_US
+    if not good.any():
+        raise TraceError(path, "no event has a usable timestamp")
     if not good.all():
-        parts.skipped["events without a timestamp"] = int((~good).sum())
-    bad_dur = ~np.isfinite(dur_us) | (dur_us < 0)
+        parts.skipped["events without a usable timestamp (missing, not a number, or days away "
+                      "from the rest)"] = int((~good).sum())
+    bad_dur = ~np.isfinite(dur_us) | (dur_us < 0) | (dur_us > MAX_SPAN_US)
     if bad_dur.any():
-        parts.skipped["events with missing or negative duration (kept as 0)"] = int(bad_dur.sum())
+        parts.skipped["events with a missing, negative or implausible duration (kept as 0)"] = int(bad_dur.sum())
         dur_us[bad_dur] = 0.0
     t0_us = float(math.floor(ts_us[good].min()))
+    ts_us = np.where(good, ts_us, t0_us)          # unusable rows are dropped below; keep the cast clean
     gpu = parts.column("gpu", bool)
     # Host thread keys -> numeric pid/tid, computed once per distinct thread, not per event.
     keys = list(parts.threads)
@@ -123,10 +137,12 @@ def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankT
     world = info.get("world_size")
     thread_names = {}
     for e in meta_events:
-        if e.name == "thread_name" and (e.pid, e.tid) in threads:
+        key = (e.pid, e.tid)
+        if e.name == "thread_name" and isinstance(e.pid, (int, str)) and isinstance(e.tid, (int, str)) \
+                and key in threads:
             name = schema.decode_args(e.args).name
             if isinstance(name, str):
-                thread_names[threads[(e.pid, e.tid)]] = name
+                thread_names[threads[key]] = name
     base = doc.baseTimeNanoseconds
     base_us = float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
     return RankTrace(

@@ -25,7 +25,7 @@ from .symbols import SymbolTable
 
 # Field getters run in C over a whole chunk (map), not in a Python loop.
 _NAME, _CAT, _TS, _DUR, _PH = (attrgetter(f) for f in ("name", "cat", "ts", "dur", "ph"))
-_PID_TID = attrgetter("pid", "tid")
+_PID, _TID = attrgetter("pid"), attrgetter("tid")
 # Flow arrows and instants: links and marks, not time spent; nothing to report.
 _LINK_PHASES = frozenset({"s", "t", "f", "i", "I"})
 MIN_PARALLEL_CHUNKS = 4
@@ -67,15 +67,41 @@ def _kinds(cats: list[str], name_ids: np.ndarray, symbols: SymbolTable) -> np.nd
     return kind
 
 
+def as_strings(values: list) -> list:
+    """Strings as they are; anything else (numbers, lists, null) as its text. Fast path in C."""
+    if set(map(type, values)) <= {str}:
+        return values
+    return [v if isinstance(v, str) else "" if v is None else str(v) for v in values]
+
+
+def as_keys(values: list) -> list:
+    """Hashable values as they are; lists and dicts as their text."""
+    if set(map(type, values)) <= {int, str, type(None)}:
+        return values
+    return [v if isinstance(v, (int, str, type(None))) else str(v) for v in values]
+
+
+def as_floats(values: list) -> np.ndarray:
+    """Numbers as float64; anything else (strings, lists, null, huge ints) as NaN."""
+    if set(map(type, values)) <= {float, int}:
+        try:
+            return np.array(values, dtype=np.float64)
+        except OverflowError:
+            pass
+    return np.array([v if isinstance(v, float) else float(v) if isinstance(v, int) and abs(v) < 1e300
+                     else np.nan for v in values], dtype=np.float64)
+
+
 def _timed(chunk: list, out: ChunkCols) -> list:
     """The complete ('X') events; metadata kept aside; other phases counted."""
-    phases = Counter(map(_PH, chunk))          # counted in C
-    evs = [e for e in chunk if e.ph == "X"] if len(phases) > 1 else list(chunk)
+    phs = as_keys(list(map(_PH, chunk)))
+    phases = Counter(phs)                      # counted in C
+    evs = [e for e, p in zip(chunk, phs) if p == "X"] if len(phases) > 1 else list(chunk)
     if phases.get("M"):
-        out.meta.extend(e for e in chunk if e.ph == "M")
+        out.meta.extend(e for e, p in zip(chunk, phs) if p == "M")
     for ph, n in phases.items():
         if ph not in ("X", "M") and ph not in _LINK_PHASES:
-            out.skipped[f"events of phase '{ph}' (not analysed)"] = n
+            out.skipped[f"events of phase {ph!r} (not analysed)"] = n
     return evs
 
 
@@ -85,8 +111,8 @@ def chunk_columns(chunk: list) -> ChunkCols:
     if not evs:
         return out
     sym = SymbolTable()
-    name_ids = np.array(sym.intern_many(list(map(_NAME, evs))), dtype=np.int32)
-    kind = _kinds(list(map(_CAT, evs)), name_ids, sym)
+    name_ids = np.array(sym.intern_many(as_strings(list(map(_NAME, evs)))), dtype=np.int32)
+    kind = _kinds(as_strings(list(map(_CAT, evs))), name_ids, sym)
     gpu = np.isin(kind, GPU_ACTIVITY)
     comm = (kind == Kind.COMM) | host_comm_mask(name_ids, kind, sym)
     # Only these rows' args are read: GPU activity (stream, device, correlation), launches
@@ -94,10 +120,9 @@ def chunk_columns(chunk: list) -> ChunkCols:
     need = np.flatnonzero(gpu | (kind == Kind.RUNTIME) | comm)
     args = schema.decode_args_many([evs[i].args for i in need])
     n = len(evs)
-    thread, keys = codes_of(list(map(_PID_TID, evs)))
+    thread, keys = codes_of([(p, t) for p, t in zip(as_keys(list(map(_PID, evs))), as_keys(list(map(_TID, evs))))])
     out.names, out.threads = sym.names, list(keys)
-    out.cols = dict(ts=np.array(list(map(_TS, evs)), dtype=np.float64),
-                    dur=np.array(list(map(_DUR, evs)), dtype=np.float64),
+    out.cols = dict(ts=as_floats(list(map(_TS, evs))), dur=as_floats(list(map(_DUR, evs))),
                     name=name_ids, kind=kind, gpu=gpu, thread=thread,
                     stream=sparse_column(n, need, [a.stream for a in args]),
                     device=sparse_column(n, need, [a.device for a in args]),
@@ -115,7 +140,7 @@ _SHARED: Optional[memoryview] = None      # the events array, inherited by forke
 def _work(rng: tuple[int, int]):
     try:
         return chunk_columns(schema.decode_range(_SHARED, *rng))
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return None                       # a cut inside an event: the caller decodes whole
 
 

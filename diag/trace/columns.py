@@ -11,7 +11,9 @@ def num_column(values: list, dtype, missing: int = -1) -> np.ndarray:
     """Numbers (or None, or numeric strings) -> array; anything unparsable -> missing."""
     try:
         arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError):
+        if arr.ndim != 1:
+            raise ValueError("not a flat list of numbers")
+    except (TypeError, ValueError, OverflowError):
         arr = np.array([as_float(v) for v in values], dtype=np.float64)
     bad = ~np.isfinite(arr)
     if bad.any():
@@ -20,9 +22,11 @@ def num_column(values: list, dtype, missing: int = -1) -> np.ndarray:
 
 
 def as_float(v: Any) -> float:
+    if isinstance(v, (list, dict, bool)):
+        return math.nan
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
 
 

@@ -22,7 +22,8 @@ def pg_ranks_of(doc: schema.TraceFile) -> dict[str, list]:
     """Process-group name -> member ranks, from distributedInfo.pg_config."""
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     out = {}
-    for pg in info.get("pg_config") or []:
+    configs = info.get("pg_config")
+    for pg in configs if isinstance(configs, list) else []:
         if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
             out[str(pg.get("pg_name"))] = pg["ranks"]
     return out

@@ -37,13 +37,16 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
 
 
 class Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    ts: Union[float, None] = None
-    dur: Union[float, None] = None
-    pid: Union[int, str, None] = None
-    tid: Union[int, str, None] = None
+    # Typed loosely on purpose: one event of an odd type must not make a whole file
+    # unreadable. chunks.py coerces these in bulk (fast when the types are the usual ones)
+    # and drops, and counts, the events it cannot read.
+    ph: Any = ""
+    cat: Any = ""
+    name: Any = ""
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
     # Kept undecoded (a slice of the file's bytes): most of a trace's bytes are the args of
     # CPU ops that no analysis reads. decode_args() parses the few rows that need them.
     args: msgspec.Raw = msgspec.Raw()
@@ -76,7 +79,7 @@ def decode_args(raw) -> Args:
         return NO_ARGS
     try:
         return _args_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return NO_ARGS
 
 
@@ -90,7 +93,7 @@ def decode_args_many(raws: list) -> list[Args]:
     try:
         out = _args_list_decoder.decode(b"[" + b",".join(r if len(r) else b"null" for r in raws) + b"]")
         return [NO_ARGS if a is None else a for a in out]
-    except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError, RecursionError, UnicodeDecodeError):
         return [decode_args(r) for r in raws]
 
 
@@ -147,9 +150,12 @@ def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
         yield _events_decoder.decode(memoryview(array))   # one whole decode: raises with the exact problem
 
 
+_EMPTY_ARRAY = re.compile(rb"\s*(\[\s*\]|null)\s*")
+
+
 def is_empty_array(raw) -> bool:
-    head = bytes(memoryview(raw)[:32]).strip()
-    return len(memoryview(raw)) < 32 and head.replace(b" ", b"").replace(b"\n", b"") in (b"[]", b"null")
+    """[] or null, with any whitespace (no copy of the buffer)."""
+    return _EMPTY_ARRAY.fullmatch(memoryview(raw)) is not None
 
 
 class ChunkingError(Exception):
