@@ -113,10 +113,13 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         if any(len(rc) for rc in comms) else None
     backends = {rt.backend for rt in job.ranks if rt.backend}
     notes = list(job.notes)
-    return Diagnosis(
+    d = Diagnosis(
         source=os.path.abspath(job.source), world_size=job.world_size,
         backend=", ".join(sorted(backends)) or None, ranks=ranks,
         missing_ranks=job.missing_ranks,
         problems=[Problem(p.path, p.problem) for p in job.problems],
         other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca),
         pipeline=pipeline(grid, meta, ranks, comms), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
+    from ..advise.recommend import recommend     # imported here: the recommender is not the analyser's cost
+    d.recommendations = recommend(d)
+    return d

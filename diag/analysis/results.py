@@ -99,6 +99,7 @@ class Diagnosis:
     findings: list["Finding"] = field(default_factory=list)
     pipeline: Optional["Pipeline"] = None
     throughput: Optional["Throughput"] = None
+    recommendations: list = field(default_factory=list)   # diag.advise.results.Recommendation, best first
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 

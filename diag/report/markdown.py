@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..analysis.results import Diagnosis
+from .advice import recommendation_lines
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
                   short_kernel, throughput_lines)
@@ -33,6 +34,8 @@ def render_markdown(d: Diagnosis) -> str:
         lines += ["", f"_{OPS_LEGEND}_", ""]
         lines += [f"- **straggler** rank {s.rank} {s.reason}: {s.evidence}" for s in d.comm.stragglers]
         lines += [f"- note: {n}" for n in d.comm.notes] + [""]
+    lines += ["## Recommendations, biggest predicted gain first", ""] + recommendation_lines(d.recommendations, md=True)
+    lines.append("")
     for r in d.ranks:
         if r.top_kernels:
             lines += [f"## Top kernels, rank {r.rank}", ""]

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..analysis.results import Diagnosis
+from .advice import recommendation_lines
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, grouped_rank_notes, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
                   short_kernel, throughput_lines)
@@ -68,6 +69,9 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
                 for k in r.top_kernels]
         title = f"Top kernels, rank {r.rank}" + (" (others: --format json)" if len(d.ranks) > 1 else "")
         _print_table(con, title, ["kernel", "kind", "count", "ms", "%"], rows)
+    con.print("Recommendations, biggest predicted gain first", style="bold")
+    for line in recommendation_lines(d.recommendations):
+        con.print(line, markup=False)   # wrapped at 80 columns; `diag recommend` prints commands unwrapped
     grouped = grouped_rank_notes(d)
     for ranks, n in grouped[:8]:
         con.print(f"{ranks}: {n}", style="dim", markup=False)

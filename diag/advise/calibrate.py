@@ -1,0 +1,153 @@
+"""Calibrate the step-time model on a measured run, so that its predictions start from it.
+
+Problem: a recommendation's predicted gain is only as good as the model's inputs. This
+module derives them from a Diagnosis and the trainer's diag_run.json, not from constants:
+per-layer forward time from the measured compute per stage per step, a per-kernel launch
+overhead from the measured idle time, the busbw of each axis from the collectives matched
+across their group (basis "transfer"; else one rank's kernel time, which includes wait).
+What it has to assume is said, in `Calibration.assumptions`.
+
+Predictions keep the model's residual: predicted = measured + (model(new) - model(now)),
+so time the model does not see (optimizer, data, host stalls) is held constant.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import numpy as np
+
+from ..analysis.results import Diagnosis
+from .model import Config, Links, Workload, step_time
+
+BWD_RATIO = 2.0
+HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class CalibrationError(ValueError):
+    """The diagnosis lacks what the model needs (said in the message)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    workload: Workload
+    config: Config
+    links: Links
+    stage_slowdown: dict
+    measured_step_s: float
+    model_step_s: float
+    tokens_per_step: Optional[float]
+    assumptions: tuple
+
+    @property
+    def fit_error(self) -> float:
+        """|model - measured| / measured for the measured configuration."""
+        return abs(self.model_step_s - self.measured_step_s) / self.measured_step_s
+
+    def model(self, config: Config, workload: Optional[Workload] = None, slowdown: Optional[dict] = None) -> float:
+        return step_time(workload or self.workload, config, self.links,
+                         stage_slowdown=self.stage_slowdown if slowdown is None else slowdown)
+
+    def predict(self, config: Config, workload: Optional[Workload] = None, slowdown: Optional[dict] = None) -> float:
+        """Measured step time moved by the model's difference between the new and the measured config."""
+        return max(self.measured_step_s + self.model(config, workload, slowdown) - self.model_step_s, 1e-9)
+
+    def tokens_per_s(self, step_s: Optional[float]) -> Optional[float]:
+        return self.tokens_per_step / step_s if self.tokens_per_step and step_s else None
+
+
+def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
+    """Compute and message sizes scale with the micro-batch; the per-kernel launch overhead does not."""
+    k = new / old
+    return replace(w, fwd_s_per_layer=w.fwd_s_per_layer * k, tp_bytes_per_layer=w.tp_bytes_per_layer * k,
+                   p2p_bytes=w.p2p_bytes * k)
+
+
+def _need(meta: dict, d: Diagnosis, key: str):
+    v = meta.get(key)
+    if v is None:
+        raise CalibrationError(f"cannot calibrate the step-time model: {key} unknown (no diag_run.json)")
+    return v
+
+
+def _steps(d: Diagnosis) -> int:
+    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+
+
+def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
+    """Per pipeline stage, the mean over its ranks of breakdown.<what>_s per step."""
+    tp = int((d.run or {}).get("tp") or 1)
+    dp = max(1, (d.world_size or len(d.ranks)) // (tp * pp))
+    out = []
+    for s in range(pp):
+        vals = [getattr(r.breakdown, what) / max(sum(x.in_window for x in r.steps), 1)
+                for r in d.ranks if (r.rank // (tp * dp)) == s]
+        out.append(float(np.mean(vals)) if vals else math.nan)
+    if any(math.isnan(v) for v in out):
+        raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
+    return out
+
+
+def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[float]]:
+    """(busbw bytes/s, median message bytes) of the axis's most time-consuming op with a busbw."""
+    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == axis and o.busbw_median_gbps]
+    if not ops:
+        return math.inf, None
+    transfer = [o for o in ops if o.busbw_basis == "transfer"]
+    o = max(transfer or ops, key=lambda o: o.time_s)
+    basis = "matched transfer time" if transfer else "one rank's kernel time (includes waiting: pessimistic)"
+    notes.append(f"{axis.upper()} busbw {o.busbw_median_gbps:.3g} GB/s from {axis}:{o.op} {o.size_bucket} ({basis})")
+    return o.busbw_median_gbps * 1e9, o.median_bytes
+
+
+def _grad_bytes(d: Diagnosis, meta: dict, shards: int, notes: list) -> float:
+    """Whole-model gradient bytes: fp32 per parameter, else what the DP all-reduces carried per step."""
+    if meta.get("parameter_count"):
+        notes.append("gradients fp32: 4 bytes per parameter of diag_run.json's parameter_count")
+        return 4.0 * float(meta["parameter_count"])
+    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "dp" and o.median_bytes]
+    per_rank = sum(o.median_bytes * o.calls / max(o.ranks, 1) for o in ops) / _steps(d)
+    if ops:
+        notes.append(f"gradients {per_rank * shards / 1e6:.4g} MB per step: the DP all-reduces' bytes x TP x PP")
+    return per_rank * shards
+
+
+def calibrate(d: Diagnosis) -> Calibration:
+    meta = dict(d.run or {})
+    tp, pp = int(meta.get("tp") or 1), int(meta.get("pp") or (d.pipeline.p if d.pipeline else 1))
+    dp = int(meta.get("dp") or max(1, (d.world_size or 1) // (tp * pp)))
+    layers, mbs = int(_need(meta, d, "num_layers")), int(_need(meta, d, "micro_batch_size"))
+    m = int(_need(meta, d, "num_micro_batches"))
+    step = d.throughput.step_time_s if d.throughput else None
+    if not step:
+        raise CalibrationError("cannot calibrate the step-time model: no measured step time (no ProfilerStep marks)")
+    notes = [f"backward / forward = {BWD_RATIO} (assumed: the trace does not separate them)"]
+    compute = _per_stage(d, pp, "compute_s")
+    idle = _per_stage(d, pp, "idle_s")
+    per_stage_halves = m * HALVES * layers // pp
+    launch = float(np.median(idle)) / per_stage_halves
+    mean_c = float(np.mean(compute))
+    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO))
+    slowdown = {s: c / mean_c for s, c in enumerate(compute)} if pp > 1 else {}
+    notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1, from {mean_c * 1e3:.3g} ms "
+                 f"compute per stage per step (optimizer, embedding and loss folded in)")
+    notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
+                 f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
+    links = Links(**{a: _axis_link(d, a, notes)[0] for a in ("tp", "pp", "dp")})
+    act = mbs * int(meta.get("seq_length") or 0) * int(meta.get("hidden_size") or 0) * \
+        DTYPE_BYTES.get(meta.get("dtype") or "bf16", 2)
+    grad = _grad_bytes(d, meta, tp * pp, notes)
+    notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
+    w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch)
+    c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
+               schedule=meta.get("pipeline_schedule") or "1f1b",
+               overlap_grad_reduce=bool(meta.get("overlap_grad_reduce")),
+               bucket_bytes=4.0 * float(meta.get("ddp_bucket_size") or 1e7))
+    tokens = d.throughput.tokens_per_step if d.throughput else None
+    model_now = step_time(w, c, links, stage_slowdown=slowdown)
+    notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "
+                 f"{step * 1e3:.4g} ms ({100 * (model_now / step - 1):+.0f}%)")
+    return Calibration(w, c, links, slowdown, step, model_now, tokens, tuple(notes))

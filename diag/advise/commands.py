@@ -1,0 +1,98 @@
+"""`diag recommend`, `diag compare`, `diag tune`: thin click commands over diag.advise.
+
+Parse, call, render, exit code: 0 on success, 2 on bad input (one line naming the path and
+the problem), 1 when the trainer fails under `tune`.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..report.advice import ADVICE_FORMATS
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"diag: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def _diagnose(path: str):
+    from ..analysis import diagnose
+    from ..trace import load_job
+    from ..trace.errors import TraceError
+
+    try:
+        return diagnose(load_job(path))
+    except (TraceError, ValueError) as e:
+        _fail(f"{path}: {e}" if path not in str(e) else str(e))
+
+
+def _emit(text: str, output) -> None:
+    if not output:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        _fail(f"{output}: cannot write: {e.strerror or e}")
+
+
+FORMAT = click.option("--format", "fmt", type=click.Choice(ADVICE_FORMATS), default="text", show_default=True)
+OUTPUT = click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
+
+
+@click.command()
+@click.argument("path", type=click.Path())
+@FORMAT
+@OUTPUT
+def recommend(path: str, fmt: str, output) -> None:
+    """Recommend the next configuration to try for the run at PATH, with predicted gains."""
+    from ..report.advice import render_advice
+    from .recommend import advise
+
+    _emit(render_advice(advise(_diagnose(path)), fmt), output)
+
+
+@click.command()
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@FORMAT
+@OUTPUT
+def compare(a: str, b: str, fmt: str, output) -> None:
+    """Two runs side by side: step time, breakdown, bubble, busbw per axis, throughput."""
+    from ..report.advice import render_comparison
+    from .compare import compare as cmp
+
+    _emit(render_comparison(cmp(_diagnose(a), _diagnose(b)), fmt), output)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/tune", show_default=True,
+              help="Directory for the runs (before/, after/, repeats).")
+@click.option("--repeats", type=click.IntRange(1, 10), default=2, show_default=True,
+              help="Runs of each configuration, alternating (the extra ones unprofiled).")
+@click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
+@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
+def tune(out_dir: str, repeats: int, timeout: float, trainer_args) -> None:
+    """Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.
+
+    Example: diag tune --out runs/tune -- --nproc 2 --pipeline-model-parallel-size 2
+    --micro-batch-size 8 --global-batch-size 8 --train-iters 16
+    """
+    import shlex
+
+    from ..report.advice import render_tune
+    from .tune import TuneError, tune as run_tune
+
+    if not trainer_args:
+        _fail("tune: give the trainer's flags after --, e.g. diag tune -- --nproc 2 --pipeline-model-parallel-size 2")
+    if "--out" in trainer_args:
+        _fail("tune: set the output directory with diag tune --out, not in the trainer's flags")
+    command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
+    try:
+        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats)
+    except TuneError as e:
+        _fail(str(e), 1)
+    click.echo(render_tune(res), nl=False)

@@ -1,0 +1,44 @@
+"""The front of the recommender: a Diagnosis in, ranked recommendations out.
+
+Calibrates the step-time model on the diagnosis (when the run's shape is known), runs every
+rule, and ranks what they propose by predicted time saved per step. When no rule's evidence
+crosses its threshold it says so plainly instead of inventing a change.
+"""
+from __future__ import annotations
+
+from ..analysis.results import Diagnosis
+from .calibrate import CalibrationError, calibrate
+from .propose import Context
+from .results import Advice, Recommendation
+from .rules import RULES
+
+
+def _saved(r: Recommendation) -> float:
+    if r.step_s_before is None or r.step_s_after is None:
+        return -1.0
+    return r.step_s_before - r.step_s_after
+
+
+def advise(d: Diagnosis) -> Advice:
+    step = d.throughput.step_time_s if d.throughput else None
+    try:
+        cal = calibrate(d)
+        notes = list(cal.assumptions)
+    except CalibrationError as e:
+        cal, notes = None, [f"{e}; only rules that need no model were tried"]
+    ctx = Context(d=d, cal=cal, step_s=step)
+    recs: list[Recommendation] = []
+    for rule in RULES:
+        recs += rule(ctx)
+    recs.sort(key=_saved, reverse=True)
+    nothing = None
+    if not recs:
+        nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "
+                   "every candidate change under 2% of the step (thresholds: docs/recommendations.md)")
+    return Advice(recommendations=recs, calibration=notes, model_step_s=cal.model_step_s if cal else None,
+                  measured_step_s=step, nothing=nothing)
+
+
+def recommend(d: Diagnosis) -> list[Recommendation]:
+    """Ranked recommendations, biggest predicted saving first (what Diagnosis.recommendations holds)."""
+    return advise(d).recommendations

@@ -1,0 +1,67 @@
+"""Typed recommendation results: what was seen, what to change, what it should buy.
+
+A Recommendation is part of the Diagnosis (`Diagnosis.recommendations`) and of its JSON
+form, so every number in it must trace back to a number in the report: the evidence names
+the metric, its value and the threshold that fired the rule; the prediction comes from the
+step-time model calibrated on the same diagnosis (calibrate.py). docs/recommendations.md
+documents every field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+CONFIDENCES = ("high", "medium", "low")
+
+
+@dataclass
+class Evidence:
+    """One measured number that fired a rule."""
+
+    metric: str                        # e.g. "pipeline bubble, stage 0"
+    value: float
+    threshold: float
+    unit: str                          # "fraction of step", "ms/step", "ratio", ...
+    source: str = ""                   # where in the report it is ("Pipeline bubble per stage")
+
+
+@dataclass
+class Recommendation:
+    rule: str                          # bubble | dp_overlap | dp_bucket | tp_layout | micro_batch | rebalance | bf16 | straggler
+    title: str                         # one line: the change, in words
+    evidence: list[Evidence]
+    flags: dict                        # trainer / Megatron-LM flag -> new value ("" for a switch turned on)
+    command: Optional[str]             # the exact re-run command; None when the run's command is unknown
+    step_s_before: Optional[float]     # measured median step time
+    step_s_after: Optional[float]      # predicted by the calibrated model
+    tokens_per_s_before: Optional[float] = None   # whole job
+    tokens_per_s_after: Optional[float] = None
+    confidence: str = "low"
+    why: str = ""                      # the mechanism, in one or two sentences
+    assumptions: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)   # what to look at (stragglers), when there is no flag
+    runnable: bool = True              # False when the instrumented trainer lacks the flag (Megatron-LM only)
+
+    def __post_init__(self) -> None:
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"confidence must be one of {CONFIDENCES}, got {self.confidence!r}")
+        if not self.evidence:
+            raise ValueError(f"{self.rule}: no recommendation without evidence")
+
+    @property
+    def gain(self) -> Optional[float]:
+        """Predicted fraction of the step saved: 1 - after / before."""
+        if not self.step_s_before or self.step_s_after is None:
+            return None
+        return 1.0 - self.step_s_after / self.step_s_before
+
+
+@dataclass
+class Advice:
+    """The ranked recommendations for one diagnosis, and what the model was calibrated on."""
+
+    recommendations: list[Recommendation] = field(default_factory=list)
+    calibration: list[str] = field(default_factory=list)   # assumptions and measured inputs, in words
+    model_step_s: Optional[float] = None                   # the model's step time for the measured config
+    measured_step_s: Optional[float] = None
+    nothing: Optional[str] = None                          # why nothing is recommended, when nothing is

@@ -1,0 +1,248 @@
+"""One small function per way a step loses time, each proposing the change that wins it back.
+
+Problem: a diagnosis says where time goes; a user wants the next configuration to try and
+what it will buy. Each rule reads one measured number (the evidence), fires only above its
+threshold, writes the change as trainer / Megatron-LM flags, and lets the calibrated model
+(calibrate.py) price candidate configurations; the best candidate is proposed. Rules never
+recommend without evidence, and drop changes the model prices under MIN_GAIN.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from .propose import Context, Recommendation, ev
+from .calibrate import with_micro_batch
+
+BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
+DP_EXPOSED_MIN = 0.05      # exposed DP communication, fraction of the step
+TP_EXPOSED_MIN = 0.10      # exposed TP communication, fraction of the step
+IDLE_MIN = 0.10            # GPU (or host) idle, fraction of the step
+SHORT_KERNEL_US = 50.0     # median compute kernel shorter than this: launch-bound on GPU
+WAITING_HOST_MIN = 0.30    # with longer kernels, idle above this share: the GPU waits on the host
+IMBALANCE_MIN = 1.10       # slowest / fastest stage compute
+FP32_MIN = 0.30            # fp32 GEMM share of compute kernel time
+STRAGGLER_MIN = 0.05      # the others' wait for one rank, fraction of the step
+GPUS_PER_NODE = 8
+FP32_GEMM = re.compile(r"sgemm|gemm.*(f32f32|fp32|_f32_)|cutlass.*_s\d+gemm", re.I)
+HALF = re.compile(r"bf16|f16|fp16|h\d+gemm|hgemm|tf32", re.I)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def bubble(ctx: Context) -> list[Recommendation]:
+    """Large measured bubble -> more micro-batches at the same global batch (smaller micro-batch)."""
+    p, c = ctx.d.pipeline, ctx.cal.config if ctx.cal else None
+    if not p or p.p < 2 or c is None:
+        return []
+    worst = max(p.stages, key=lambda s: s.bubble_fraction or 0.0)
+    if (worst.bubble_fraction or 0.0) < BUBBLE_MIN:
+        return []
+    e = [ev(f"pipeline bubble, stage {worst.stage} (ideal {100 * (p.ideal_fraction or 0):.1f}%)",
+            worst.bubble_fraction, BUBBLE_MIN, "fraction of step", "Pipeline bubble per stage")]
+    cands = []
+    for mbs in _divisors(c.micro_batch_size)[:-1]:
+        m = c.num_micro_batches * c.micro_batch_size // mbs
+        cands.append((replace(c, micro_batch_size=mbs, num_micro_batches=m),
+                      with_micro_batch(ctx.cal.workload, c.micro_batch_size, mbs), {"--micro-batch-size": str(mbs)}))
+    out = ctx.best("bubble", cands, e, lambda k: f"{k.num_micro_batches} micro-batches of {k.micro_batch_size} "
+                   f"instead of {c.num_micro_batches} of {c.micro_batch_size} (same global batch)",
+                   prefer=lambda k: k.num_micro_batches,
+                   why=f"with p={c.pp} stages the 1F1B/GPipe bubble is (p-1)/(m+p-1) of the step; more "
+                       "micro-batches shrink it, smaller ones cost more launch overhead per sample",
+                   assumptions=["compute per micro-batch proportional to its size: small micro-batches run "
+                                "less efficiently, so the fewest micro-batches within 80% of the best "
+                                "predicted gain are proposed"])
+    return out + interleave(ctx, e)
+
+
+def interleave(ctx: Context, e: list) -> list[Recommendation]:
+    """Interleaved virtual stages: the bubble divided by v (Megatron-LM; the trainer has no such schedule)."""
+    c, p = ctx.cal.config, ctx.d.pipeline
+    per_stage = ctx.cal.workload.num_layers // c.pp
+    if c.schedule != "1f1b" or per_stage < 2 or c.num_micro_batches % c.pp:
+        return []
+    bubble_s = max(s.bubble_s for s in p.stages)
+    after = ctx.step_s - bubble_s * (1 - 1 / 2)
+    return ctx.make("bubble", f"interleaved 1F1B with 2 virtual stages per rank ({per_stage // 2} layers each)", e,
+                    {"--num-layers-per-virtual-pipeline-stage": str(per_stage // 2)}, after, confidence="low",
+                    why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
+                        "price of v times more pipeline messages",
+                    assumptions=["estimated as the measured bubble halved, not simulated (the model has no "
+                                 "interleaved schedule); extra p2p messages not priced"], runnable=False)
+
+
+def dp_overlap(ctx: Context) -> list[Recommendation]:
+    """Exposed DP gradient all-reduce -> --overlap-grad-reduce, else a different bucket size."""
+    a = ctx.axis("dp")
+    if a is None or ctx.cal is None or (a.exposed_per_step_s or 0) < DP_EXPOSED_MIN * ctx.step_s:
+        return []
+    c = ctx.cal.config
+    e = [ev("exposed DP communication", a.exposed_per_step_s * 1e3, DP_EXPOSED_MIN * ctx.step_s * 1e3, "ms/step",
+            "Communication by parallel axis")]
+    if not c.overlap_grad_reduce:
+        return ctx.best("dp_overlap", [(replace(c, overlap_grad_reduce=True), None, {"--overlap-grad-reduce": ""})],
+                        e, lambda k: "overlap the DP gradient all-reduce with backward",
+                        why="each gradient bucket is all-reduced as soon as the last micro-batch's backward has "
+                            "produced it, hidden behind the remaining backward")
+    cands = [(replace(c, bucket_bytes=c.bucket_bytes * k), None, {"--ddp-bucket-size": str(int(c.bucket_bytes * k / 4))})
+             for k in (0.25, 0.5, 2.0)]
+    return ctx.best("dp_bucket", cands, e, lambda k: f"DP buckets of {k.bucket_bytes / 4:,.0f} elements",
+                    why="smaller buckets start reducing earlier in backward; larger ones pay less latency")
+
+
+def tp_layout(ctx: Context) -> list[Recommendation]:
+    """Slow or cross-node TP collectives -> TP inside a node; lower TP with more PP or DP."""
+    a = ctx.axis("tp")
+    if a is None or ctx.cal is None or (a.exposed_per_step_s or 0) < TP_EXPOSED_MIN * ctx.step_s:
+        return []
+    c, L = ctx.cal.config, ctx.cal.workload.num_layers
+    e = [ev("exposed TP communication", a.exposed_per_step_s * 1e3, TP_EXPOSED_MIN * ctx.step_s * 1e3, "ms/step",
+            "Communication by parallel axis")]
+    if c.tp > GPUS_PER_NODE:
+        e.append(ev("TP size (GPUs per node assumed 8)", c.tp, GPUS_PER_NODE, "ranks", "diag_run.json"))
+    cands = []
+    if c.tp % 2 == 0 and L % (c.pp * 2) == 0:
+        cands.append((replace(c, tp=c.tp // 2, pp=c.pp * 2), None, {"--tensor-model-parallel-size": str(c.tp // 2),
+                                                                     "--pipeline-model-parallel-size": str(c.pp * 2)}))
+    if c.tp % 2 == 0 and c.num_micro_batches % 2 == 0:
+        cands.append((replace(c, tp=c.tp // 2, dp=c.dp * 2, num_micro_batches=c.num_micro_batches // 2), None,
+                      {"--tensor-model-parallel-size": str(c.tp // 2)}))
+    return ctx.best("tp_layout", cands, e, lambda k: f"TP {k.tp} x PP {k.pp} x DP {k.dp} instead of "
+                    f"TP {c.tp} x PP {c.pp} x DP {c.dp}", slowdown={},
+                    why="TP all-reduces sit on the critical path of every layer; fewer TP ranks send fewer, and PP "
+                        "or DP traffic is smaller or hidden",
+                    assumptions=["stages assumed balanced in the new layout", "memory per GPU grows: check it fits"])
+
+
+def micro_batch(ctx: Context) -> list[Recommendation]:
+    """Launch-bound (idle between short kernels, or host-bound) -> larger micro-batch, same global batch."""
+    idle = [f for f in ctx.d.findings if f.what in ("GPU idle", "host idle (outside operators)")]
+    if not idle or (idle[0].share_of_step or 0) < IDLE_MIN:
+        return []
+    f = idle[0]
+    e = [ev(f.what, f.share_of_step, IDLE_MIN, "fraction of step", "Where the time goes")]
+    kernels = [k for r in ctx.d.ranks for k in r.top_kernels if k.kind == "compute"]
+    if any((x.share_of_step or 0) > 1.0 for x in ctx.d.findings):
+        return []     # the step marks do not bound the work: no per-step evidence
+    if kernels:
+        med = sorted(k.mean_us for k in kernels)[len(kernels) // 2]
+        e.append(ev("median mean duration of top compute kernels", med, SHORT_KERNEL_US, "us", "Top kernels"))
+        if med >= SHORT_KERNEL_US and (f.share_of_step < WAITING_HOST_MIN or (ctx.d.comm and ctx.d.comm.stragglers)):
+            return []  # long kernels: idle is not launch overhead, and a straggler explains it better
+    if ctx.cal is None:
+        return _double_micro_batch(ctx, f, e)
+    c = ctx.cal.config
+    cands = [(replace(c, micro_batch_size=c.micro_batch_size * k, num_micro_batches=c.num_micro_batches // k),
+              with_micro_batch(ctx.cal.workload, c.micro_batch_size, c.micro_batch_size * k),
+              {"--micro-batch-size": str(c.micro_batch_size * k)})
+             for k in (2, 4, 8) if c.num_micro_batches % k == 0]
+    return ctx.best("micro_batch", cands, e, lambda k: f"micro-batch {k.micro_batch_size} instead of "
+                    f"{c.micro_batch_size} (same global batch)",
+                    why="per-kernel launch and host overhead is paid per micro-batch; larger ones amortise it "
+                        "(the model also prices the bigger pipeline bubble of fewer micro-batches)",
+                    assumptions=["memory per GPU grows with the micro-batch: check it fits"])
+
+
+def _double_micro_batch(ctx: Context, f, e: list) -> list[Recommendation]:
+    """Without the run's shape: twice the micro-batch halves the per-sample launches, so half the idle."""
+    return ctx.make("micro_batch", "twice the micro-batch, half the micro-batches (same global batch)", e,
+                    {"--micro-batch-size": "2x current"}, ctx.step_s - 0.5 * f.seconds_per_step, confidence="low",
+                    why="the device waits on the host between kernels; a larger micro-batch gives each launch "
+                        "more work", runnable=False,
+                    assumptions=["no diag_run.json: estimated as half the idle time removed, not simulated; "
+                                 "check the device memory"])
+
+
+def _splits(layers: int, stages: int):
+    """Every way to give each stage at least one layer (few enough for the pipelines we see)."""
+    if stages == 1:
+        yield (layers,)
+        return
+    for first in range(1, layers - stages + 2):
+        for rest in _splits(layers - first, stages - 1):
+            yield (first,) + rest
+
+
+def rebalance(ctx: Context) -> list[Recommendation]:
+    """One stage computes longer than the rest -> move layers away from it."""
+    p = ctx.d.pipeline
+    if not p or p.p < 2 or ctx.cal is None or p.p > 8:
+        return []
+    comp = [s.compute_s for s in sorted(p.stages, key=lambda s: s.stage)]
+    if min(comp) <= 0 or max(comp) / min(comp) < IMBALANCE_MIN:
+        return []
+    L = ctx.cal.workload.num_layers
+    per = L // p.p
+    layer_s = min(comp) / per                     # the fastest stage: layers and least extra work
+    extra = [x - per * layer_s for x in comp]     # embedding, loss, a slow device...
+    best = min(_splits(L, p.p), key=lambda sp: max(n * layer_s + x for n, x in zip(sp, extra)))
+    mean = sum(comp) / len(comp)
+    slow = {s: (n * layer_s + x) / mean for s, (n, x) in enumerate(zip(best, extra))}
+    worst = comp.index(max(comp))
+    e = [ev(f"compute per step, stage {worst} / stage {comp.index(min(comp))}", max(comp) / min(comp),
+            IMBALANCE_MIN, "ratio", "Pipeline bubble per stage (compute ms/step)")]
+    if best == tuple([per] * p.p):
+        return []
+    flags = {"--decoder-first-pipeline-num-layers": str(best[0]), "--decoder-last-pipeline-num-layers": str(best[-1])}
+    after = ctx.cal.predict(ctx.cal.config, slowdown=slow)
+    return ctx.make("rebalance", "layers per stage " + "/".join(map(str, best)) + f" instead of {per} each", e, flags,
+                    after, why="every stage waits for the slowest one in steady state; moving layers off it "
+                               "shortens the critical path",
+                    assumptions=[f"per-layer time {layer_s * 1e3:.3g} ms from the fastest stage; the rest of each "
+                                 "stage's compute (embedding, loss) stays where it is"], runnable=False)
+
+
+def bf16(ctx: Context) -> list[Recommendation]:
+    """fp32 GEMMs dominate GPU compute -> bf16 (tensor cores)."""
+    on_gpu = [r for r in ctx.d.ranks if r.timeline == "gpu"]
+    if not on_gpu or not ctx.step_s:
+        return []
+    ks = [k for k in on_gpu[0].top_kernels if k.kind == "compute"]
+    total = sum(k.share for k in ks)
+    fp32 = sum(k.share for k in ks if FP32_GEMM.search(k.name) and not HALF.search(k.name))
+    if total <= 0 or fp32 / total < FP32_MIN:
+        return []
+    r = on_gpu[0]
+    steps = max(sum(s.in_window for s in r.steps), 1)
+    saved = 0.5 * (fp32 / total) * r.breakdown.compute_s / steps
+    e = [ev(f"fp32 GEMM share of compute kernel time, rank {r.rank}", fp32 / total, FP32_MIN, "fraction",
+            "Top kernels")]
+    return ctx.make("bf16", "bf16 mixed precision instead of fp32", e, {"--dtype": "bf16"}, ctx.step_s - saved,
+                    confidence="low", why="fp32 GEMMs run on CUDA cores (or TF32); bf16 runs on tensor cores at "
+                    "several times the rate (Megatron-LM: --bf16)",
+                    assumptions=["fp32 GEMM time halved (conservative: data-sheet ratios are 2-16x), "
+                                 "from the top kernels of one rank"])
+
+
+def straggler(ctx: Context) -> list[Recommendation]:
+    """Ranks the others wait for -> which, and what to check on them (no flag fixes a slow host)."""
+    out = []
+    for s in (ctx.d.comm.stragglers if ctx.d.comm else []):
+        wait = [f for f in ctx.d.findings if f.what == f"waiting for rank {s.rank}"]
+        r = next((x for x in ctx.d.ranks if x.rank == s.rank), None)
+        if wait:
+            if ctx.step_s and wait[0].seconds_per_step < STRAGGLER_MIN * ctx.step_s:
+                continue
+            e = [ev(f"others' wait for rank {s.rank}", wait[0].seconds_per_step * 1e3,
+                    STRAGGLER_MIN * (ctx.step_s or 0) * 1e3, "ms/step", "Where the time goes; straggler line")]
+            after = ctx.step_s - wait[0].seconds_per_step if ctx.step_s else None
+        else:
+            e = [ev(f"step time of rank {s.rank}", (r.step_time_s or 0) * 1e3 if r else 0.0, 0.0, "ms", s.evidence)]
+            after = None
+        checks = [f"rank {s.rank}: {s.reason}: {s.evidence}"]
+        if r is not None:
+            checks.append(f"rank {s.rank} is {r.breakdown.pct(r.breakdown.idle_s):.0f}% idle on its "
+                          f"{r.timeline} timeline: a late host (data loading, CPU contention, GC, logging) if high, "
+                          "a slow device (clocks, thermals: nvidia-smi -q -d PERFORMANCE) if low")
+        checks.append("its node's NIC / NVLink counters and other jobs on the node")
+        out += ctx.make("straggler", f"find out why rank {s.rank} is late", e, {}, after, confidence="low",
+                        why="collectives finish when the last rank arrives; the others' wait is time the job "
+                            "loses to one rank", checks=checks,
+                        assumptions=["upper bound: the others' whole wait removed"], runnable=False)
+    return out
+
+
+RULES = (bubble, dp_overlap, tp_layout, micro_batch, rebalance, bf16, straggler)

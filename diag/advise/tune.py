@@ -1,0 +1,151 @@
+"""The closed loop: run the trainer, diagnose, apply the top recommendation, re-run, and check.
+
+Problem: a predicted gain is only worth trusting if the tool checks it. `tune` runs the
+instrumented trainer (a subprocess: diag never imports torch) with a configuration, analyses
+its traces, takes the top recommendation the trainer can run, re-runs with exactly its
+command, and reports predicted against measured change of the step time.
+
+Measured step time, two ways: the median ProfilerStep time of the traces (profiled steps,
+the basis the model is calibrated on, so the basis of `error`), and the median of
+`steps.jsonl` over the unprofiled steps (after the first). On a loaded CPU the two can
+disagree: both are reported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..analysis import diagnose
+from ..analysis.results import Diagnosis
+from ..trace import load_job
+from .recommend import advise
+from .results import Recommendation
+
+SKIP_FIRST = 1             # steps: allocator and gloo warm-up
+
+
+class TuneError(RuntimeError):
+    """The trainer failed or left nothing to analyse (the message says which run)."""
+
+
+@dataclass
+class Run:
+    out: str
+    command: str
+    step_s: float                  # median of steps.jsonl outside the profiled window, over all repeats
+    steps: int                     # how many steps that median is over
+    runs: int                      # the profiled run and its unprofiled repeats
+    trace_step_s: Optional[float]  # median ProfilerStep time, all ranks and repeats (the model's basis)
+    diagnosis: Diagnosis = field(repr=False)
+
+
+@dataclass
+class TuneResult:
+    before: Run
+    after: Optional[Run]
+    applied: Optional[Recommendation]
+    predicted_change: Optional[float] = None   # after / before - 1, from the model
+    measured_change: Optional[float] = None    # from steps.jsonl medians (unprofiled steps)
+    trace_change: Optional[float] = None       # from the traces' median step times (profiled steps)
+    message: str = ""
+
+    @property
+    def error(self) -> Optional[float]:
+        """|predicted - measured| / |measured| change, on the profiled steps the model was calibrated on."""
+        if self.predicted_change is None or not self.trace_change:
+            return None
+        return abs(self.predicted_change - self.trace_change) / abs(self.trace_change)
+
+
+def _argv(command: str, out: str, python: str) -> list[str]:
+    args = shlex.split(command)
+    if args[:3] == ["python", "-m", "instrumented_trainer"] or args[1:3] == ["-m", "instrumented_trainer"]:
+        args = args[3:]
+    i = args.index("--out") if "--out" in args else None
+    if i is not None:
+        del args[i:i + 2]
+    return [python, "-m", "instrumented_trainer", *args, "--out", out]
+
+
+def measured_steps(out: str, meta: dict) -> list[float]:
+    prof = meta.get("profile") or {}
+    lo = int(prof.get("wait", 0)) if prof.get("enabled") else 10**9
+    hi = lo + int(prof.get("warmup", 0)) + int(prof.get("active", 0))   # + 1: the export step
+    path = os.path.join(out, "steps.jsonl")
+    try:
+        with open(path) as f:
+            rows = [json.loads(x) for x in f if x.strip()]
+    except OSError as e:
+        raise TuneError(f"{path}: cannot read: {e.strerror or e}") from None
+    return [r["step_seconds"] for r in rows if r["step"] >= SKIP_FIRST and not lo <= r["step"] <= hi]
+
+
+def _train(argv: list[str], timeout: float) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise TuneError(f"trainer timed out after {timeout:.0f}s: {shlex.join(argv)}") from None
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise TuneError(f"trainer exited {p.returncode}: {tail} ({shlex.join(argv)})")
+
+
+def run(command: str, out: str, python: str = sys.executable, timeout: float = 600) -> Run:
+    """One profiled run, analysed; its unprofiled steps measured."""
+    argv = _argv(command, out, python)
+    _train(argv, timeout)
+    d = diagnose(load_job(out))
+    steps = measured_steps(out, d.run or {})
+    if not steps:
+        raise TuneError(f"{out}: no step outside the profiler window to measure: raise --train-iters")
+    return Run(out=out, command=shlex.join(argv), step_s=float(np.median(steps)), steps=len(steps), runs=1,
+               trace_step_s=d.throughput.step_time_s if d.throughput else None, diagnosis=d)
+
+
+def repeat(r: Run, times: list, traced: list, out: str, python: str, timeout: float) -> None:
+    """Run r's command again (profiled, as the diagnosed run); add its unprofiled and traced step times."""
+    _train(_argv(r.command, out, python), timeout)
+    d = diagnose(load_job(out))
+    times += measured_steps(out, d.run or {})
+    traced += [s.host_s for x in d.ranks for s in x.steps]
+    r.runs += 1
+
+
+def _traced(d: Diagnosis) -> list:
+    return [s.host_s for x in d.ranks for s in x.steps]
+
+
+def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
+         repeats: int = 2) -> TuneResult:
+    """Run `command` (a trainer command line), apply its top runnable recommendation, re-run, compare.
+
+    repeats > 1: both configurations are run again, alternately and without the profiler, so
+    that a change in the machine's load between runs does not pass for the recommendation's effect.
+    """
+    before = run(command, os.path.join(out_dir, "before"), python, timeout)
+    recs = [r for r in advise(before.diagnosis).recommendations if r.command and r.runnable]
+    if not recs:
+        return TuneResult(before, None, None, message="no runnable recommendation: nothing to apply")
+    rec = recs[0]
+    after = run(rec.command, os.path.join(out_dir, "after"), python, timeout)
+    tb = measured_steps(before.out, before.diagnosis.run or {})
+    ta = measured_steps(after.out, after.diagnosis.run or {})
+    xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
+    for i in range(1, repeats):
+        repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout)
+        repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
+    before.step_s, before.steps, before.trace_step_s = float(np.median(tb)), len(tb), float(np.median(xb))
+    after.step_s, after.steps, after.trace_step_s = float(np.median(ta)), len(ta), float(np.median(xa))
+    res = TuneResult(before, after, rec, predicted_change=rec.step_s_after / rec.step_s_before - 1,
+                     measured_change=after.step_s / before.step_s - 1)
+    if before.trace_step_s and after.trace_step_s:
+        res.trace_change = after.trace_step_s / before.trace_step_s - 1
+    return res

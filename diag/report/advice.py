@@ -1,0 +1,122 @@
+"""Rendering of recommendations, comparisons and tune results: text, Markdown and JSON.
+
+Only presentation: the numbers come from diag.advise. Each recommendation is shown with its
+evidence (metric, value, threshold), the flags, the exact re-run command and the predicted
+step time and tokens/s before and after, so it can be traced to the report's own numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+
+from .fmt import ms
+
+ADVICE_FORMATS = ("text", "markdown", "json")
+
+
+def _value(x: float, unit: str) -> str:
+    if unit.startswith("fraction"):
+        return f"{100 * x:.1f}%"
+    return f"{x:,.3g} {unit}" if unit not in ("ratio",) else f"{x:.2f}"
+
+
+def _tokens(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def rec_lines(i: int, r, md: bool = False) -> list[str]:
+    """One recommendation as lines (Markdown when md)."""
+    gain = r.gain
+    head = f"{i}. {r.title}"
+    pred = (f"predicted step {ms(r.step_s_before)} -> {ms(r.step_s_after)} ms"
+            + (f" ({-100 * gain:+.1f}%)" if gain is not None else "")
+            + f", tokens/s {_tokens(r.tokens_per_s_before)} -> {_tokens(r.tokens_per_s_after)}"
+            + f"; confidence {r.confidence}")
+    q = "`" if md else ""
+    lines = [f"**{head}**" if md else head, f"   {pred}"]
+    for e in r.evidence:
+        lines.append(f"   evidence: {e.metric} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
+                     + (f" [{e.source}]" if e.source else ""))
+    if r.flags:
+        flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
+        lines.append(f"   flags: {q}{flags}{q}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
+    if r.command:
+        lines.append(f"   re-run: {q}{r.command}{q}")
+    if r.why:
+        lines.append(f"   why: {r.why}")
+    lines += [f"   check: {c}" for c in r.checks]
+    lines += [f"   assumes: {a}" for a in r.assumptions]
+    return [("- " + x.strip()) if md and x.startswith("   ") else x for x in lines]
+
+
+def recommendation_lines(recs: list, md: bool = False, nothing: str = "") -> list[str]:
+    if not recs:
+        return [nothing or "Nothing worth changing: no measured loss crossed a rule's threshold."]
+    out = []
+    for i, r in enumerate(recs, 1):
+        out += rec_lines(i, r, md) + [""]
+    return out
+
+
+def render_advice(advice, fmt: str) -> str:
+    if fmt == "json":
+        return msgspec.json.format(msgspec.json.encode(advice), indent=2).decode() + "\n"
+    md = fmt == "markdown"
+    lines = (["# Recommendations", ""] if md else ["Recommendations, biggest predicted gain first", ""])
+    lines += recommendation_lines(advice.recommendations, md, advice.nothing or "")
+    lines += ["## Model calibration" if md else "Model calibration (what the predictions start from)", ""]
+    lines += [("- " if md else "  ") + n for n in advice.calibration]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _fmt(x, unit: str) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.1f}" if unit != "GB/s" else f"{x:,.3g}"
+
+
+def comparison_rows(c) -> list[list[str]]:
+    rows = []
+    for r in c.rows:
+        ch = r.change
+        mark = "" if ch is None or abs(ch) < 0.02 else (" better" if (ch < 0) == (r.better == "lower") else " worse")
+        rows.append([r.metric, r.unit, _fmt(r.a, r.unit), _fmt(r.b, r.unit),
+                     "-" if ch is None else f"{100 * ch:+.1f}%{mark}"])
+    return rows
+
+
+def render_comparison(c, fmt: str) -> str:
+    if fmt == "json":
+        return msgspec.json.format(msgspec.json.encode(dataclasses.asdict(c)), indent=2).decode() + "\n"
+    header = ["metric", "unit", "A", "B", "B vs A"]
+    rows = comparison_rows(c)
+    cfg = [[str(k), str(a), str(b)] for k, a, b in c.config]
+    if fmt == "markdown":
+        t = ["| " + " | ".join(header) + " |", "|---|---|---:|---:|---:|"] + ["| " + " | ".join(r) + " |" for r in rows]
+        out = ["# diag compare", "", f"- A: `{c.a}`", f"- B: `{c.b}`", ""] + t
+        if cfg:
+            out += ["", "| setting | A | B |", "|---|---:|---:|"] + ["| " + " | ".join(r) + " |" for r in cfg]
+        return "\n".join(out + [f"- note: {n}" for n in c.notes]) + "\n"
+    w = [max(len(x[i]) for x in rows + [header]) for i in range(len(header))]
+    line = lambda r: "  ".join(v.ljust(w[i]) if i < 2 else v.rjust(w[i]) for i, v in enumerate(r)).rstrip()
+    out = [f"A: {c.a}", f"B: {c.b}", "", line(header), "-" * len(line(header))] + [line(r) for r in rows]
+    if cfg:
+        out += ["", "Configuration that differs:"] + [f"  {k}: {a} -> {b}" for k, a, b in cfg]
+    return "\n".join(out + [f"note: {n}" for n in c.notes]) + "\n"
+
+
+def render_tune(res) -> str:
+    b, a, r = res.before, res.after, res.applied
+    out = [f"before: {b.out}: median step {ms(b.trace_step_s)} ms profiled, {ms(b.step_s)} ms over {b.steps} "
+           f"unprofiled steps ({b.runs} runs)"]
+    if r is None:
+        return "\n".join(out + [res.message]) + "\n"
+    out += [f"applied: {r.title} [{r.rule}]", f"  {' '.join(f'{k} {v}'.strip() for k, v in r.flags.items())}",
+            f"after:  {a.out}: median step {ms(a.trace_step_s)} ms profiled, {ms(a.step_s)} ms over {a.steps} "
+            f"unprofiled steps ({a.runs} runs)",
+            f"predicted change {100 * res.predicted_change:+.1f}%; measured on the profiled steps (the model's basis) "
+            + (f"{100 * res.trace_change:+.1f}%" if res.trace_change is not None else "-")
+            + f", on the unprofiled steps {100 * res.measured_change:+.1f}%"
+            + (f"; prediction off by {100 * res.error:.0f}% of the measured change" if res.error is not None else "")]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,124 @@
+"""Recommendations against known truth: traces synthesised by the step-time model.
+
+diag.advise.simulate + synth write a job whose every number is known; diagnose + recommend
+must calibrate the model back to its inputs, fire the rule the job was built to trip, and
+predict the step time the model itself gives for the recommended configuration (the truth
+here, since the job *is* the model). Hand-worked numbers are in each test's docstring.
+"""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from diag.advise import Config, Links, Workload, simulate, step_time
+from diag.advise.calibrate import calibrate
+from diag.advise.propose import rerun_command
+from diag.advise.recommend import advise
+from diag.advise.synth import Shape, write_job
+from diag.analysis import diagnose
+from diag.cli import main
+from diag.trace import load_job
+
+MS = 1e-3
+ACT = 2048 * 4096 * 2               # synth Shape: seq 2048 x hidden 4096 x bf16, per sequence
+
+
+def job(tmp_path, w, c, links, **kw):
+    write_job(simulate(w, c, links, steps=4, **kw), str(tmp_path), c, w)
+    return diagnose(load_job(str(tmp_path)))
+
+
+def test_pp_one_micro_batch_recommends_more_micro_batches(tmp_path):
+    """p=2, m=1, micro-batch 4: step = (m+p-1)(tf+tb) = 2 x 4 layers x 3 ms = 24 ms; bubble 1/2.
+
+    Splitting into m=4 micro-batches of 1: (4+1) x 4 x 3 ms / 4 = 15 ms (-37.5%), the best of
+    m=2 (18 ms) and m=4; the model is calibrated back to 1 ms per layer forward.
+    """
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, p2p_bytes=4 * ACT)
+    c = Config(pp=2, num_micro_batches=1, micro_batch_size=4)
+    d = job(tmp_path, w, c, Links(pp=1e15))
+    cal = calibrate(d)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
+    assert cal.measured_step_s == pytest.approx(24 * MS, rel=1e-3)
+    top = d.recommendations[0]
+    assert top.rule == "bubble" and top.flags == {"--micro-batch-size": "1"}
+    assert top.evidence[0].value == pytest.approx(0.5, abs=1e-3)
+    assert top.step_s_after == pytest.approx(15 * MS, rel=1e-3)
+    assert top.gain == pytest.approx(0.375, abs=1e-3) and top.confidence == "high"
+    assert top.tokens_per_s_after == pytest.approx(4 * 2048 / (15 * MS), rel=1e-3)
+
+
+def test_exposed_dp_recommends_overlap_priced_by_the_model(tmp_path):
+    """DP=2 without overlap: the all-reduce of 1.6 GB at 25 GB/s busbw (1.6e9 x 2(1/2) / 25e9 = 64 ms)
+    follows backward, one bucket per layer (2e8 B >= the bucket size, in fp32 or bf16 elements). The prediction must equal the model's own step for --overlap-grad-reduce."""
+    w = Workload(num_layers=8, fwd_s_per_layer=2 * MS, grad_bytes=1.6e9)
+    c = Config(dp=2, num_micro_batches=4, bucket_bytes=1e8)
+    links = Links(dp=25e9)
+    d = job(tmp_path, w, c, links)
+    rec = next(r for r in d.recommendations if r.rule == "dp_overlap")
+    assert rec.flags == {"--overlap-grad-reduce": ""}
+    assert rec.evidence[0].value == pytest.approx(64.0, rel=1e-3)          # ms/step exposed
+    truth = step_time(w, Config(dp=2, num_micro_batches=4, bucket_bytes=1e8, overlap_grad_reduce=True), links)
+    assert rec.step_s_after == pytest.approx(truth, rel=1e-3)
+    assert rec.step_s_before == pytest.approx(step_time(w, c, links), rel=1e-3)
+
+
+def test_imbalanced_stages_recommend_moving_layers(tmp_path):
+    """p=2, 8 layers, stage 1 computes 1.5x: in units of stage 0's layer, 4 vs 6 = 4 layers + 2 extra.
+    Minimising max(n0, n1 + 2) with n0 + n1 = 8 gives 5 / 3 (5 vs 5)."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS)
+    d = job(tmp_path, w, Config(pp=2, num_micro_batches=8), Links(), stage_slowdown={1: 1.5})
+    rec = next(r for r in d.recommendations if r.rule == "rebalance")
+    assert rec.flags == {"--decoder-first-pipeline-num-layers": "5", "--decoder-last-pipeline-num-layers": "3"}
+    assert rec.evidence[0].value == pytest.approx(1.5, rel=1e-3)
+    assert not rec.runnable and rec.command is None
+
+
+def test_straggler_named_with_what_to_check(tmp_path):
+    """Rank 1 of DP=2 starts each step 20 ms late: the other waits ~20 ms per step in the all-reduce."""
+    w = Workload(num_layers=4, fwd_s_per_layer=5 * MS, grad_bytes=1e8)
+    d = job(tmp_path, w, Config(dp=2, num_micro_batches=2), Links(dp=100e9), rank_delay={1: 20 * MS})
+    rec = next(r for r in d.recommendations if r.rule == "straggler")
+    assert "rank 1" in rec.title and rec.checks
+    assert rec.evidence[0].value == pytest.approx(20.0, rel=0.05)           # ms/step
+
+
+def test_balanced_job_gets_no_recommendation(tmp_path):
+    """One rank, no communication, no idle: nothing to win, and the advice says so."""
+    d = job(tmp_path, Workload(num_layers=4, fwd_s_per_layer=2 * MS), Config(num_micro_batches=2), Links())
+    a = advise(d)
+    assert a.recommendations == [] and "nothing worth changing" in a.nothing
+
+
+def test_real_straggler_trace():
+    """dlrm 4 ranks: the others wait 1,008.8 ms per step for rank 2 (the analyser's finding)."""
+    d = diagnose(load_job("tests/data/dlrm_4_ranks_alltoall"))
+    top = d.recommendations[0]
+    wait = next(f for f in d.findings if f.what == "waiting for rank 2")
+    assert top.rule == "straggler" and "rank 2" in top.title
+    assert top.step_s_after == pytest.approx(d.throughput.step_time_s - wait.seconds_per_step, rel=1e-9)
+    assert not any(r.rule == "micro_batch" for r in d.recommendations)   # idle explained by the straggler
+
+
+def test_sample_trace_recommendations_and_no_model_without_metadata():
+    d = diagnose(load_job("sample_traces/dp2_no_overlap"))
+    over = next(r for r in d.recommendations if r.rule == "dp_overlap")
+    assert "--overlap-grad-reduce" in over.command and "--out sample_traces/dp2_no_overlap-dp_overlap" in over.command
+    a = advise(diagnose(load_job("tests/data/a100_single_ns_resolution")))
+    assert "cannot calibrate" in a.calibration[0]
+
+
+def test_rerun_command_sets_flags():
+    cmd = "python -m instrumented_trainer --nproc 2 --micro-batch-size 8 --overlap-grad-reduce --out runs/x"
+    assert rerun_command(cmd, {"--micro-batch-size": "2", "--overlap-grad-reduce": None}, "bubble") == \
+        "python -m instrumented_trainer --nproc 2 --micro-batch-size 2 --out runs/x-bubble"
+    assert rerun_command(cmd, {"--ddp-bucket-size": "100"}, "b").endswith("--ddp-bucket-size 100 --out runs/x-b")
+    assert rerun_command(None, {"--x": "1"}, "b") is None
+
+
+def test_cli_recommend_json_and_bad_path(tmp_path):
+    r = CliRunner().invoke(main, ["recommend", "tests/data/dlrm_4_ranks_alltoall", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["recommendations"][0]["rule"] == "straggler"
+    r = CliRunner().invoke(main, ["recommend", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "error" in r.output
