@@ -3,7 +3,8 @@ from importlib import import_module
 
 # Imported on use: the JSON path should not pay for rich (terminal tables).
 _RENDERERS = {"text": ("text", "render_text"), "json": ("jsonfmt", "render_json"),
-              "markdown": ("markdown", "render_markdown")}
+              "markdown": ("markdown", "render_markdown"),
+              "html": ("html", "render_html")}
 FORMATS = tuple(_RENDERERS)
 
 

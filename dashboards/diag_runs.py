@@ -1,0 +1,169 @@
+"""Which runs the dashboard may open, and loading them once.
+
+Problem: the dashboard is a web server; a run is named by a query parameter, a picker or
+an upload, and none of those may reach a file outside the folder it was started on.
+Every path is resolved (symlinks included) and must stay under the root; a run folder
+whose trace files point outside the root is refused as a whole. Uploads are written,
+under their bare file names, to a private temporary folder and capped in size.
+Loaded runs are kept in a small process-wide cache keyed by path and file signatures,
+so a big trace is parsed once, not on every click.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from diag.analysis import diagnose
+from diag.analysis.diagnose import job_grid
+from diag.analysis.gantt import PipelineGantt, pipeline_gantt
+from diag.analysis.results import Diagnosis
+from diag.trace import load_job
+from diag.trace.job import NOT_TRACES, RUN_METADATA, TRACE_SUFFIXES, trace_files
+
+DEFAULT_MAX_UPLOAD_MB = 500
+CACHE_RUNS = 8
+MAX_DEPTH = 4
+
+
+@dataclass
+class Settings:
+    """The dashboard's configuration, from the environment `diag dashboard` sets."""
+
+    root: Path
+    run: Optional[str] = None          # run to open first, relative to root
+    max_upload_mb: int = DEFAULT_MAX_UPLOAD_MB
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        root = Path(os.environ.get("DIAG_DASHBOARD_ROOT") or os.getcwd()).resolve()
+        mb = int(os.environ.get("DIAG_DASHBOARD_MAX_UPLOAD_MB") or DEFAULT_MAX_UPLOAD_MB)
+        return cls(root=root, run=os.environ.get("DIAG_DASHBOARD_RUN") or None, max_upload_mb=mb)
+
+
+@dataclass
+class LoadedRun:
+    label: str
+    path: str
+    diagnosis: Diagnosis
+    gantt: PipelineGantt
+    advice: Any = None                 # diag.advise Advice, when the recommender is installed
+    calibration: Any = None            # diag.advise Calibration, or the reason there is none (str)
+
+
+def advise_run(d: Diagnosis) -> tuple[Any, Any]:
+    """(Advice, Calibration or why not) from diag.advise; (None, reason) where it is missing."""
+    try:
+        from diag.advise.calibrate import CalibrationError, calibrate
+        from diag.advise.recommend import advise
+    except ImportError as e:
+        return None, f"the recommender is not installed ({e})"
+    try:
+        cal = calibrate(d)
+    except CalibrationError as e:
+        cal = str(e)
+    return advise(d), cal
+
+
+def inside(root: Path, path: Path) -> bool:
+    """True when path, with every symlink resolved, is root or below it."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(root.resolve())
+    except (OSError, ValueError):
+        return False
+
+
+def safe_path(root: Path, name: str) -> Optional[Path]:
+    """The run named `name` (relative to root, or absolute) if it exists under root, else None."""
+    if not name or "\x00" in name:
+        return None
+    p = Path(name) if os.path.isabs(name) else root / name
+    if not p.exists() or not inside(root, p):
+        return None
+    if p.is_dir() and not all(inside(root, Path(f)) for f in _run_files(p)):
+        return None                    # a trace in the folder links outside the root
+    return Path(os.path.realpath(p))
+
+
+def _run_files(p: Path) -> list[str]:
+    files = trace_files(str(p))
+    meta = p / RUN_METADATA
+    return files + ([str(meta)] if meta.exists() else [])
+
+
+def _is_trace(name: str) -> bool:
+    return name.endswith(TRACE_SUFFIXES) and name not in NOT_TRACES
+
+
+def list_runs(root: Path, limit: int = 200) -> list[str]:
+    """Folders under root holding trace files (and trace files alone in a folder that is not
+    a run), relative to root, in order; symlinks leaving the root are not followed."""
+    root = root.resolve()
+    runs: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        depth = len(here.relative_to(root).parts)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and inside(root, here / d))
+        if depth >= MAX_DEPTH:
+            dirnames[:] = []
+        if any(_is_trace(f) for f in filenames) and safe_path(root, str(here)):
+            runs.append(str(here.relative_to(root)) if here != root else ".")
+        if len(runs) >= limit:
+            break
+    return runs
+
+
+def clean_name(name: str) -> Optional[str]:
+    """An uploaded file's bare name, or None when nothing safe is left of it."""
+    base = os.path.basename(name.replace("\\", "/")).strip()
+    if not base or base.startswith(".") or "\x00" in base or not (_is_trace(base) or base == RUN_METADATA):
+        return None
+    return base
+
+
+def save_uploads(files, max_mb: int, dest: Optional[Path] = None) -> tuple[Optional[Path], list[str]]:
+    """Write uploaded files (objects with .name, .size, .getvalue()) under a new private folder.
+    Returns (folder or None, problems). Refuses everything when the total exceeds max_mb."""
+    total = sum(int(f.size) for f in files)
+    if total > max_mb * 1024 * 1024:
+        return None, [f"upload of {total / 2**20:,.1f} MB refused: the limit is {max_mb} MB"]
+    dest = dest or Path(tempfile.mkdtemp(prefix="diag-upload-"))
+    problems, saved = [], 0
+    for f in files:
+        name = clean_name(f.name)
+        if name is None:
+            problems.append(f"{f.name!r} refused: not a trace (.json, .json.gz) or diag_run.json")
+            continue
+        target = dest / name
+        if not inside(dest, target):
+            problems.append(f"{f.name!r} refused: outside the upload folder")
+            continue
+        target.write_bytes(f.getvalue())
+        saved += 1
+    return (dest if saved else None), problems
+
+
+def _signature(path: Path) -> tuple:
+    files = _run_files(path) if path.is_dir() else [str(path)]
+    return tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+
+
+def load_run(path: Path, label: str, cache: OrderedDict,
+             progress: Optional[Callable[[str, int, int], None]] = None) -> LoadedRun:
+    """Diagnosis and pipeline Gantt of a run, from the cache when its files have not changed."""
+    key = (str(path), _signature(path))
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    job = load_job(str(path), progress=progress)
+    d = diagnose(job)
+    advice, cal = advise_run(d)
+    run = LoadedRun(label=label, path=str(path), diagnosis=d, advice=advice, calibration=cal,
+                    gantt=pipeline_gantt(job.ranks, job_grid(job, None, None)))
+    cache[key] = run
+    while len(cache) > CACHE_RUNS:
+        cache.popitem(last=False)
+    return run

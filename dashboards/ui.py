@@ -1,0 +1,113 @@
+"""Streamlit glue shared by the dashboard's pages: opening runs, the sidebar, number formats.
+
+The pages only render: everything they show comes from a LoadedRun (a Diagnosis and a
+PipelineGantt) that this module opens through diag_runs, which enforces the root.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Optional
+
+import streamlit as st
+
+from diag.trace.errors import TraceError
+from diag_runs import LoadedRun, Settings, list_runs, load_run, safe_path, save_uploads
+
+UPLOAD_LABEL = "upload"
+
+
+@st.cache_resource
+def _cache() -> OrderedDict:
+    return OrderedDict()
+
+
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+def open_run(name: str, label: Optional[str] = None, root=None) -> Optional[LoadedRun]:
+    """Load a run by name under the root, with a progress bar; None (and an error shown) if refused."""
+    s = settings()
+    path = safe_path(root or s.root, name)
+    if path is None:
+        st.error(f"Refused: {name!r} is not a trace file or run folder under {root or s.root}.")
+        return None
+    label = label or name
+    bar = st.progress(0.0, text=f"loading {label}")
+
+    def progress(file: str, done: int, total: int) -> None:
+        bar.progress(done / total if total else 1.0, text=f"loading {label}: {done}/{total} {os.path.basename(file)}")
+
+    try:
+        return load_run(path, label, _cache(), progress)
+    except (TraceError, ValueError) as e:
+        st.error(f"Cannot analyse {label}: {e}")
+        return None
+    finally:
+        bar.empty()
+
+
+def _uploaded_run(s: Settings) -> Optional[LoadedRun]:
+    files = st.sidebar.file_uploader(f"…or upload trace files (max {s.max_upload_mb} MB)",
+                                     type=["json", "gz"], accept_multiple_files=True, key="upload")
+    if not files:
+        st.session_state.pop("upload_dir", None)
+        return None
+    ident = tuple((f.name, f.size, f.file_id) for f in files)
+    if st.session_state.get("upload_id") != ident:
+        folder, problems = save_uploads(files, s.max_upload_mb)
+        for p in problems:
+            st.sidebar.error(p)
+        st.session_state["upload_id"], st.session_state["upload_dir"] = ident, folder
+    folder = st.session_state.get("upload_dir")
+    return open_run(str(folder), UPLOAD_LABEL, root=folder) if folder else None
+
+
+def _picked() -> None:
+    st.query_params["run"] = st.session_state["run_pick"]
+
+
+def sidebar_run() -> Optional[LoadedRun]:
+    """The run the pages show: an upload if there is one, else ?run=, else the one picked before."""
+    s = settings()
+    runs = list_runs(s.root)
+    name = st.query_params.get("run") or st.session_state.get("run_name") or s.run or (runs[0] if runs else "")
+    if "run_pick" not in st.session_state:
+        st.session_state["run_pick"] = name if name in runs else None
+    st.sidebar.caption(f"Runs under `{s.root}`")
+    st.sidebar.selectbox("Run", runs, key="run_pick", on_change=_picked, placeholder="pick a run")
+    uploaded = _uploaded_run(s)
+    if uploaded:
+        st.sidebar.info("Showing the uploaded traces; remove them to go back to the picked run.")
+        return uploaded
+    if not name:
+        st.info(f"No runs under {s.root}: start `diag dashboard` on a folder of traces, or upload some.")
+        return None
+    st.session_state["run_name"] = name
+    st.query_params["run"] = name
+    return open_run(name)
+
+
+def current() -> LoadedRun:
+    """The LoadedRun app.py opened; stops the page when there is none."""
+    run = st.session_state.get("run")
+    if run is None:
+        st.stop()
+    return run
+
+
+def ms(seconds: Optional[float], digits: int = 1) -> str:
+    return "unknown" if seconds is None else f"{seconds * 1e3:,.{digits}f} ms"
+
+
+def pct(ratio: Optional[float]) -> str:
+    return "unknown" if ratio is None else f"{100 * ratio:.1f}%"
+
+
+def rate(x: Optional[float]) -> str:
+    return "unknown" if x is None else f"{x:,.0f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> None:
+    st.dataframe([dict(zip(header, r)) for r in rows], hide_index=True, width="stretch")

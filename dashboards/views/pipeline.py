@@ -1,0 +1,26 @@
+"""Pipeline: one step of every stage as a Gantt chart, the bubble against the schedule's ideal."""
+import streamlit as st
+
+import ui
+from diag.report import charts
+from diag.report.fmt import PIPE_HEADER, pipeline_caption, pipeline_rows
+
+run = ui.current()
+d, g = run.diagnosis, run.gantt
+st.title("Pipeline")
+if d.pipeline:
+    cols = st.columns(len(d.pipeline.stages) + 1)
+    cols[0].metric("Ideal bubble", ui.pct(d.pipeline.ideal_fraction))
+    for c, s in zip(cols[1:], d.pipeline.stages):
+        c.metric(f"Stage {s.stage} bubble", ui.pct(s.bubble_fraction))
+    ui.table(PIPE_HEADER, pipeline_rows(d))
+    st.caption(pipeline_caption(d))
+else:
+    st.info("No pipeline parallelism known for this run (PP = 1, or the trace does not say: "
+            "`diag analyze --pp`). The chart shows one step of each rank.")
+if g.rows:
+    st.plotly_chart(charts.gantt_chart(g, d.pipeline.ideal_fraction if d.pipeline else None),
+                    width="stretch")
+    st.caption(g.note)
+else:
+    st.info("No ProfilerStep in the analysis window: no step to draw.")

@@ -1,0 +1,207 @@
+"""One training step of every pipeline stage, reconstructed from the trace as segments.
+
+Problem: a bubble percentage says how much a stage waits, not when or why. Drawing one
+step of each stage as forward / backward / optimizer compute, pipeline send/recv and idle
+shows the schedule as it ran: the warm-up and cool-down gaps of 1F1B, a stage that
+computes longer than its neighbours, a receive that waits for a late stage.
+
+Per rank and step, each instant of the step goes to the first of: compute (backward when
+it runs inside an `autograd::engine::evaluate_function` span, or on a GPU was launched
+from one; optimizer inside `Optimizer.step`; else forward) > pipeline send/recv > other
+communication (TP/DP collectives) > idle. Communication under compute is hidden, so only
+exposed communication shows. Times are seconds from the step's start on the rank's own
+clock (hosts' clocks are not aligned, so stages are not placed on a shared axis).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..topology import RankGrid
+from ..trace.kinds import Coll, Kind
+from ..trace.table import RankTrace
+from . import intervals as iv
+from .breakdown import timeline_sets
+from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
+from .hostlink import enclosing, launches
+from .steps import Window, gpu_window, host_steps, host_window
+
+KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")
+_BACKWARD = "autograd::engine::evaluate_function"
+_OPTIMIZER = "Optimizer.step"
+_P2P = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
+NS = 1e-9
+
+
+@dataclass
+class Segment:
+    kind: str                          # one of KINDS
+    start_s: float                     # from the step's start
+    end_s: float
+
+
+@dataclass
+class StageStep:
+    """One step of one rank, as consecutive segments covering [0, step_s)."""
+
+    rank: int
+    stage: Optional[int]               # pp rank; None when the grid is unknown
+    step: int                          # N of ProfilerStep#N
+    step_s: float
+    segments: list[Segment] = field(default_factory=list)
+
+    def total(self, kind: str) -> float:
+        return sum(s.end_s - s.start_s for s in self.segments if s.kind == kind)
+
+
+@dataclass
+class PipelineGantt:
+    timeline: str                      # "gpu" | "host"
+    rows: list[StageStep] = field(default_factory=list)
+    note: str = ("one rank per stage (tp 0, dp 0), the same ProfilerStep on each; times from each rank's "
+                 "own step start; communication under compute is hidden and not drawn; idle gaps under "
+                 "0.2% of the step drawn as their neighbours")
+
+
+def window_of(rt: RankTrace) -> tuple[str, Window]:
+    """The rank's timeline and analysis window, as diagnose() builds them."""
+    t, steps = rt.events, host_steps(rt.events)
+    if rt.has_gpu:
+        return "gpu", gpu_window(t, steps)
+    step_rows = t.name_mask(lambda s: s.startswith("ProfilerStep"))
+    host_rows = np.flatnonzero(t.mask(Kind.CPU_OP, Kind.ANNOTATION) & ~step_rows)
+    return "host", host_window(t, host_rows, steps)
+
+
+def _spans(t, name_prefix: str) -> iv.Intervals:
+    rows = np.flatnonzero(t.name_mask(lambda s: s.startswith(name_prefix)) & t.mask(Kind.CPU_OP, Kind.ANNOTATION))
+    return iv.merge(t.ts_ns[rows], t.end_ns[rows])
+
+
+def _compute_parts(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) -> dict:
+    """forward / backward / optimizer interval sets that together make up `compute`."""
+    t = rt.events
+    if timeline == "host":
+        bwd = iv.intersect(compute, _spans(t, _BACKWARD))
+        opt = iv.subtract(iv.intersect(compute, _spans(t, _OPTIMIZER)), bwd)
+    else:
+        rows = w.rows[t.kind[w.rows] == Kind.COMPUTE]
+        lts, lth = launches(t, rows)
+        in_bwd = enclosing(t, lts, lth, lambda s: s.startswith(_BACKWARD)) >= 0
+        in_opt = enclosing(t, lts, lth, lambda s: s.startswith(_OPTIMIZER)) >= 0
+        bwd = iv.merge(t.ts_ns[rows[in_bwd]], t.end_ns[rows[in_bwd]])
+        opt = iv.subtract(iv.merge(t.ts_ns[rows[in_opt & ~in_bwd]], t.end_ns[rows[in_opt & ~in_bwd]]), bwd)
+    return {"backward": bwd, "optimizer": opt, "forward": iv.subtract(compute, iv.merge(
+        np.concatenate([bwd[0], opt[0]]), np.concatenate([bwd[1], opt[1]])))}
+
+
+def _comm_parts(rc: RankComms, compute: iv.Intervals) -> dict:
+    """Exposed pipeline send/recv and exposed other communication."""
+    p2p = np.isin(rc.coll, np.asarray(_P2P, np.int8)) | (rc.axis == AXES.index("pp"))
+    end = rc.start_ns + rc.dur_ns
+    pp = iv.subtract(iv.merge(rc.start_ns[p2p], end[p2p]), compute)
+    other = iv.subtract(iv.subtract(iv.merge(rc.start_ns[~p2p], end[~p2p]), compute), pp)
+    return {"send/recv": pp, "collective": other}
+
+
+def step_bounds(rt: RankTrace, w: Window, timeline: str, i: int) -> tuple[int, int]:
+    """[start, end) of step index i: the host's ProfilerStep span, or on a GPU the span of its kernels."""
+    if timeline == "host":
+        return int(w.steps.start_ns[i]), int(w.steps.end_ns[i])
+    rows = w.rows[w.step_index == i]
+    t = rt.events
+    return int(t.ts_ns[rows].min()), int(t.end_ns[rows].max())
+
+
+def segments(parts: dict, lo: int, hi: int) -> list[Segment]:
+    """Disjoint interval sets by kind -> consecutive segments over [lo, hi), gaps as idle."""
+    found = []
+    for kind, s in parts.items():
+        a, b = iv.clip(s, lo, hi)
+        found += [(int(x), int(y), kind) for x, y in zip(a, b)]
+    found.sort()
+    out, at = [], lo
+    for x, y, kind in found:
+        if x > at:
+            out.append(Segment("idle", (at - lo) * NS, (x - lo) * NS))
+        out.append(Segment(kind, (x - lo) * NS, (y - lo) * NS))
+        at = max(at, y)
+    if hi > at:
+        out.append(Segment("idle", (at - lo) * NS, (hi - lo) * NS))
+    return out
+
+
+def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
+    """Idle gaps shorter than min_idle_s between two segments of one kind join them (host traces
+    are gaps of microseconds between operators), then neighbours of one kind merge."""
+    out: list[Segment] = []
+    for i, s in enumerate(segs):
+        short_gap = (s.kind == "idle" and s.end_s - s.start_s < min_idle_s and 0 < i < len(segs) - 1
+                     and segs[i - 1].kind == segs[i + 1].kind)
+        kind = segs[i - 1].kind if short_gap else s.kind
+        if out and out[-1].kind == kind:
+            out[-1].end_s = s.end_s
+        else:
+            out.append(Segment(kind, s.start_s, s.end_s))
+    return out
+
+
+def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[RankGrid] = None,
+              min_idle_fraction: float = 0.0) -> Optional[StageStep]:
+    """One step of one rank as segments; step is a ProfilerStep number (default: the median-length
+    step in the analysis window). None when the trace has no such step. Idle gaps shorter than
+    min_idle_fraction of the step are drawn as their neighbours (see coalesce)."""
+    timeline, w = window_of(rt)
+    in_window = np.unique(w.step_index[w.step_index >= 0])
+    if in_window.size == 0:
+        return None
+    if step is None:
+        lengths = w.steps.end_ns[in_window] - w.steps.start_ns[in_window]
+        i = int(in_window[np.argsort(lengths, kind="stable")[(in_window.size - 1) // 2]])
+    else:
+        hits = [int(i) for i in in_window if int(w.steps.number[i]) == step]
+        if not hits:
+            return None
+        i = hits[0]
+    sets = timeline_sets(rt.events, w, timeline)
+    rc = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
+    attribute_axes(rc, grid)
+    lo, hi = step_bounds(rt, w, timeline, i)
+    parts = {**_compute_parts(rt, w, timeline, sets.compute), **_comm_parts(rc, sets.compute)}
+    rank = int(rt.rank or 0)
+    stage = grid.coords(rank).pp_rank if grid and rank < grid.world_size else None
+    segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
+    return StageStep(rank=rank, stage=stage, step=int(w.steps.number[i]), step_s=(hi - lo) * NS, segments=segs)
+
+
+def pipeline_gantt(ranks: list[RankTrace], grid: Optional[RankGrid], max_rows: int = 16,
+                   min_idle_fraction: float = 0.002) -> PipelineGantt:
+    """One step of one rank per pipeline stage (tp 0, dp 0 where loaded); every loaded rank
+    (up to max_rows) when the grid is unknown. All rows show the same ProfilerStep number."""
+    by_rank = {int(rt.rank): rt for rt in ranks if rt.rank is not None}
+    if grid is not None:
+        picks = []
+        for s in range(grid.pp):
+            members = [r for r in grid.groups("pp")[0] if grid.coords(r).pp_rank == s]
+            stage_ranks = [r for r in sorted(by_rank) if r < grid.world_size and grid.coords(r).pp_rank == s]
+            pick = next((r for r in members if r in by_rank), stage_ranks[0] if stage_ranks else None)
+            if pick is not None:
+                picks.append(pick)
+    else:
+        picks = sorted(by_rank)[:max_rows]
+    timeline = "gpu" if any(by_rank[r].has_gpu for r in picks) else "host"
+    out = PipelineGantt(timeline=timeline)
+    if grid is None:
+        out.note = out.note.replace("one rank per stage (tp 0, dp 0)", f"the first {max_rows} ranks (grid unknown)")
+    kw = {"grid": grid, "min_idle_fraction": min_idle_fraction}
+    first = rank_step(by_rank[picks[0]], **kw) if picks else None
+    if first is None:
+        return out
+    out.rows.append(first)
+    for r in picks[1:]:
+        row = rank_step(by_rank[r], step=first.step, **kw) or rank_step(by_rank[r], **kw)
+        if row is not None:
+            out.rows.append(row)
+    return out

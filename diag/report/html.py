@@ -1,0 +1,117 @@
+"""A self-contained HTML report: the dashboard's charts and tables in one file to share.
+
+Problem: a ticket or a chat message cannot run the dashboard. This file can be opened
+anywhere offline: plotly.js is inlined once, every figure is a plotly div, every table
+plain HTML, and nothing is fetched from the network. The tables reuse the text and
+Markdown renderers' rows (fmt.py); the figures are charts.py's.
+"""
+from __future__ import annotations
+
+import html
+from typing import Optional
+
+from ..analysis.gantt import PipelineGantt
+from ..analysis.results import Diagnosis
+from . import charts
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
+                  axis_rows, finding_rows, grouped_rank_notes, headline, op_rows, pipeline_caption, pipeline_rows,
+                  rank_row, throughput_lines)
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
+color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:.25em .7em;
+border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}
+th{background:#f4f4f4}caption{caption-side:bottom;font-size:.85em;color:#666;text-align:left;padding-top:.3em}
+.note{color:#555;font-size:.9em}.straggler{color:#b00020}nav a{margin-right:1em}h2{margin-top:1.6em}"""
+_SECTIONS = (("overview", "Overview"), ("communication", "Communication"), ("pipeline", "Pipeline"),
+             ("ranks", "Ranks"), ("recommendations", "Recommendations"))
+
+
+def _e(s: object) -> str:
+    return html.escape(str(s))
+
+
+def table(header: list[str], rows: list[list[str]], caption: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(fig) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})
+
+
+def _overview(d: Diagnosis) -> list[str]:
+    out = [f"<p>{_e(line)}</p>" for line in throughput_lines(d)]
+    if d.findings:
+        out += ["<h3>Where the time goes, biggest loss first</h3>", table(FINDING_HEADER, finding_rows(d))]
+    out += [_figure(charts.breakdown_bars(d)), table(RANK_HEADER, [rank_row(r) for r in d.ranks], RANK_LEGEND)]
+    return out
+
+
+def _communication(d: Diagnosis) -> list[str]:
+    if not d.comm:
+        return ["<p>No communication in these traces.</p>"]
+    out = [table(AXIS_HEADER, axis_rows(d)), _figure(charts.axis_exposure_bars(d)), _figure(charts.busbw_scatter(d)),
+           table(OPS_HEADER, op_rows(d), OPS_LEGEND)]
+    out += [f"<p class='note'>note: {_e(n)}</p>" for n in d.comm.notes]
+    return out
+
+
+def _pipeline(d: Diagnosis, gantt: Optional[PipelineGantt]) -> list[str]:
+    out = []
+    if d.pipeline:
+        out.append(table(PIPE_HEADER, pipeline_rows(d), pipeline_caption(d)))
+    else:
+        out.append("<p>No pipeline parallelism known for this run (PP = 1, or give --pp).</p>")
+    if gantt and gantt.rows:
+        ideal = d.pipeline.ideal_fraction if d.pipeline else None
+        out += [_figure(charts.gantt_chart(gantt, ideal)), f"<p class='note'>{_e(gantt.note)}</p>"]
+    return out
+
+
+def _ranks(d: Diagnosis) -> list[str]:
+    out = [_figure(charts.step_heatmap(d))]
+    if d.comm:
+        out.append(_figure(charts.wait_heatmap(d)))
+        out += [f"<p class='straggler'>straggler: rank {s.rank} {_e(s.reason)}: {_e(s.evidence)}</p>"
+                for s in d.comm.stragglers]
+    return out
+
+
+def _recommendation(i: int, r) -> str:
+    ms = lambda s: "unknown" if s is None else f"{s * 1e3:,.1f} ms"  # noqa: E731
+    gain = "" if r.gain is None else f", {100 * r.gain:.1f}% faster"
+    rows = [[e.metric, f"{e.value:.4g}", f"{e.threshold:.4g}", e.unit] for e in r.evidence]
+    flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
+    return (f"<h3>{i}. {_e(r.title)}</h3><p>step {ms(r.step_s_before)} → predicted {ms(r.step_s_after)}{gain}; "
+            f"confidence {_e(r.confidence)}</p>" + table(["evidence", "value", "threshold", "unit"], rows)
+            + f"<pre>{_e(r.command or flags)}</pre><p class='note'>{_e(r.why)}</p>")
+
+
+def _recommendations(d: Diagnosis) -> list[str]:
+    recs = getattr(d, "recommendations", None)
+    if not recs:
+        return ["<p>No recommendation: no measured loss crossed a rule's threshold (<code>diag recommend</code>).</p>"]
+    return [_recommendation(i, r) for i, r in enumerate(recs, 1)]
+
+
+def render_html(d: Diagnosis, gantt: Optional[PipelineGantt] = None, title: str = "diag report") -> str:
+    """The whole report as one HTML document; gantt (analysis.gantt) adds the pipeline chart."""
+    from plotly.offline import get_plotlyjs
+
+    body = [f"<h1>{_e(title)}</h1>", "<nav>" + "".join(f"<a href='#{k}'>{v}</a>" for k, v in _SECTIONS) + "</nav>"]
+    body += [f"<p>{_e(line)}</p>" for line in headline(d)]
+    body += [f"<p class='note'>problem: {_e(p.file)}: {_e(p.problem)}</p>" for p in d.problems]
+    body += [f"<p class='note'>note: {_e(n)}</p>" for n in d.notes]
+    builders = {"overview": lambda: _overview(d), "communication": lambda: _communication(d),
+                "pipeline": lambda: _pipeline(d, gantt), "ranks": lambda: _ranks(d),
+                "recommendations": lambda: _recommendations(d)}
+    for key, name in _SECTIONS:
+        body += [f"<h2 id='{key}'>{name}</h2>", *builders[key]()]
+    body += [f"<p class='note'>{_e(who)}: {_e(n)}</p>" for who, n in grouped_rank_notes(d)]
+    body.append(f"<p class='note'>{_e(d.tool)} schema {_e(d.schema_version)}; source {_e(d.source)}</p>")
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{_e(title)}</title><style>{_CSS}</style>"
+            f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")

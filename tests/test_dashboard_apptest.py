@@ -1,0 +1,174 @@
+"""The Streamlit dashboard page by page (Streamlit's AppTest), and its guard around the root.
+
+Each page runs on a copy of the sample runs; what it shows must be the Diagnosis's own
+numbers. Paths given through ?run=, the picker, symlinks and uploads must never reach a
+file outside the root.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+
+import pytest
+from click.testing import CliRunner
+from streamlit.proto.Common_pb2 import FileURLs
+from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
+from streamlit.testing.v1 import AppTest
+
+from diag.analysis import diagnose
+from diag.cli import main
+from diag.dashboard_cmd import resolve_root, streamlit_argv
+from diag.trace import load_job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APP = os.path.join(ROOT, "dashboards", "app.py")
+SAMPLES = os.path.join(ROOT, "sample_traces")
+sys.path.insert(0, os.path.join(ROOT, "dashboards"))
+from diag_runs import clean_name, list_runs, safe_path, save_uploads  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """runs/{tp2_pp2_dp2,pp2_m2}, a folder outside the root with a trace, and symlinks to it."""
+    base = tmp_path_factory.mktemp("dash")
+    r = base / "runs"
+    for name in ("tp2_pp2_dp2", "pp2_m2"):
+        shutil.copytree(os.path.join(SAMPLES, name), r / name)
+    outside = base / "secret"
+    shutil.copytree(os.path.join(SAMPLES, "pp2_m2"), outside)
+    (r / "link_out").symlink_to(outside, target_is_directory=True)
+    (r / "mixed").mkdir()
+    shutil.copy(r / "pp2_m2" / "rank-0.pt.trace.json.gz", r / "mixed" / "rank-0.pt.trace.json.gz")
+    (r / "mixed" / "rank-1.pt.trace.json.gz").symlink_to(outside / "rank-1.pt.trace.json.gz")
+    return r
+
+
+@pytest.fixture(scope="module")
+def diagnosis(root):
+    return diagnose(load_job(str(root / "tp2_pp2_dp2")))
+
+
+def app(root, monkeypatch, page=None, **query) -> AppTest:
+    monkeypatch.setenv("DIAG_DASHBOARD_ROOT", str(root))
+    monkeypatch.setenv("DIAG_DASHBOARD_RUN", "tp2_pp2_dp2")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params.update(query)
+    at.run()
+    if page:
+        at.switch_page(f"views/{page}.py")
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_overview_shows_the_diagnosis_numbers(root, monkeypatch, diagnosis):
+    at = app(root, monkeypatch)
+    t = diagnosis.throughput
+    assert metrics(at) == {"Step time": f"{t.step_time_s * 1e3:,.1f} ms",
+                           "Tokens/s per GPU": f"{t.tokens_per_s_per_gpu:,.0f}", "MFU": "unknown", "Ranks": "8 of 8"}
+    assert at.title[0].value == "Overview" and not at.error
+    rows = at.dataframe[1].value                   # the per-rank table
+    assert list(rows["rank"]) == [str(r.rank) for r in diagnosis.ranks]
+    assert list(rows["step ms"]) == [f"{r.step_time_s * 1e3:,.1f}" for r in diagnosis.ranks]
+
+
+def test_communication_page(root, monkeypatch, diagnosis):
+    at = app(root, monkeypatch, "communication")
+    assert at.title[0].value == "Communication" and not at.error
+    axes = at.dataframe[0].value
+    assert list(axes["axis"]) == [a.axis for a in diagnosis.comm.axes]
+    ops = at.dataframe[1].value
+    assert list(ops["calls"]) == [str(o.calls) for o in diagnosis.comm.ops]
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_pipeline_page(root, monkeypatch, diagnosis):
+    at = app(root, monkeypatch, "pipeline")
+    p = diagnosis.pipeline
+    assert metrics(at) == {"Ideal bubble": f"{100 * p.ideal_fraction:.1f}%",
+                           **{f"Stage {s.stage} bubble": f"{100 * s.bubble_fraction:.1f}%" for s in p.stages}}
+    assert len(at.get("plotly_chart")) == 1 and not at.error
+
+
+def test_ranks_page(root, monkeypatch, diagnosis):
+    at = app(root, monkeypatch, "ranks")
+    assert len(at.get("plotly_chart")) == 2 and not at.error
+    warned = [w.value for w in at.warning]
+    assert len(warned) == len(diagnosis.comm.stragglers)
+    assert all(f"rank {s.rank} " in w for s, w in zip(diagnosis.comm.stragglers, warned))
+
+
+def test_recommendations_and_what_if(root, monkeypatch, diagnosis):
+    from diag.advise.calibrate import calibrate
+
+    at = app(root, monkeypatch, "recommendations")
+    recs = diagnosis.recommendations
+    assert [h.value for h in at.subheader] == [f"{i}. {r.title}" for i, r in enumerate(recs, 1)]
+    m = metrics(at)
+    cal = calibrate(diagnosis)
+    assert m["Measured step"] == f"{cal.measured_step_s * 1e3:,.1f} ms"
+    assert m["Predicted step"] == f"{cal.predict(cal.config) * 1e3:,.1f} ms"
+    at.number_input(key="wi_m").set_value(4).run()
+    expected = cal.predict(dataclasses.replace(cal.config, num_micro_batches=4))
+    assert metrics(at)["Predicted step"] == f"{expected * 1e3:,.1f} ms"
+    at.number_input(key="wi_pp").set_value(3).run()     # 4 layers do not split over 3 stages
+    assert "cannot run this layout" in at.error[0].value
+
+
+def test_compare_two_runs(root, monkeypatch, diagnosis):
+    at = app(root, monkeypatch, "compare")
+    assert "Pick a second run" in at.info[0].value
+    at.selectbox(key="compare_pick").set_value("pp2_m2").run()
+    other = diagnose(load_job(str(root / "pp2_m2")))
+    assert metrics(at) == {"A: tp2_pp2_dp2": f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
+                           "B: pp2_m2": f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
+    assert at.query_params["compare"] == "pp2_m2" and len(at.get("plotly_chart")) == 3
+
+
+@pytest.mark.parametrize("name", ["../", "../secret", "/etc", "tp2_pp2_dp2/../../secret", "link_out",
+                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "/etc/passwd"])
+def test_query_param_outside_root_is_refused(root, monkeypatch, name):
+    at = app(root, monkeypatch, run=name)
+    assert at.error and at.error[0].value.startswith("Refused:")
+    assert not at.metric                            # nothing of the other folder is shown
+
+
+def test_picker_lists_only_runs_inside_root(root):
+    assert list_runs(root) == ["pp2_m2", "tp2_pp2_dp2"]         # not link_out, not mixed
+    assert safe_path(root, "tp2_pp2_dp2/rank-0.pt.trace.json.gz") is not None
+    assert safe_path(root, "mixed") is None and safe_path(root, "link_out") is None
+
+
+def _upload(name: str, data: bytes) -> UploadedFile:
+    return UploadedFile(UploadedFileRec(file_id=name, name=name, type="application/json", data=data), FileURLs())
+
+
+def test_uploads_keep_bare_names_and_are_capped(tmp_path):
+    data = (SAMPLES + "/pp2_m2/rank-0.pt.trace.json.gz")
+    blob = open(data, "rb").read()
+    dest = tmp_path / "up"
+    dest.mkdir()
+    folder, problems = save_uploads([_upload("../../evil.json.gz", blob), _upload("notes.txt", b"x"),
+                                     _upload("..\\..\\win.json", b"{}")], max_mb=1, dest=dest)
+    assert folder == dest and sorted(os.listdir(dest)) == ["evil.json.gz", "win.json"]
+    assert not (tmp_path / "evil.json.gz").exists() and len(problems) == 1 and "notes.txt" in problems[0]
+    assert clean_name("../.hidden.json") is None and clean_name("diag_run.json") == "diag_run.json"
+    big = _upload("big.json", b"0" * (1024 * 1024 + 1))
+    assert save_uploads([big], max_mb=1, dest=dest) == (None, ["upload of 1.0 MB refused: the limit is 1 MB"])
+
+
+def test_dashboard_command_refuses_a_path_outside_root(root):
+    r, run = resolve_root(str(root / "tp2_pp2_dp2"), None)
+    assert (r, run) == (root.resolve(), "tp2_pp2_dp2")
+    result = CliRunner().invoke(main, ["dashboard", str(root.parent / "secret"), "--root", str(root)])
+    assert result.exit_code == 2 and "outside the root" in result.output
+    argv = streamlit_argv(8600, "127.0.0.1", 7)
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert argv[argv.index("--server.maxUploadSize") + 1] == "7"
+    assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
