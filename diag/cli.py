@@ -38,6 +38,10 @@ def _progress():
 # Subcommands defined in their own modules, imported only when invoked, so `diag analyze`
 # never pays for the dashboard's or the recommender's imports. One line per command.
 LAZY_COMMANDS: dict[str, str] = {
+    "recommend": "diag.advise.commands:recommend",
+    "compare": "diag.advise.commands:compare",
+    "tune": "diag.advise.commands:tune",
+    "dashboard": "diag.dashboard_cmd:dashboard",
 }
 
 
