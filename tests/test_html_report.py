@@ -36,7 +36,8 @@ def test_cli_writes_a_self_contained_report(tmp_path):
     # plotly.js inlined, nothing loaded from elsewhere
     assert f"* plotly.js v{get_plotlyjs_version()}" in page
     assert not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=", page)
-    assert _charts(page) == 5        # breakdown, axis exposure, busbw, step heatmap, wait heatmap
+    # breakdown, axis exposure, busbw, step heatmap, wait heatmap, and the pipeline Gantt
+    assert _charts(page) == 6
 
 
 def test_report_holds_the_diagnosis_numbers():
@@ -44,6 +45,7 @@ def test_report_holds_the_diagnosis_numbers():
     d = diagnose(job)
     page = render_html(d, pipeline_gantt(job.ranks, job_grid(job, None, None)))
     assert _charts(page) == 6        # and the pipeline Gantt
+    assert render_html(d) == page    # diagnose() already carries the same Gantt
     assert f"step {d.throughput.step_time_s * 1e3:,.1f} ms" in page
     for r in d.ranks:
         assert f"<td>{r.rank}</td><td>{r.step_time_s * 1e3:,.1f}</td>" in page

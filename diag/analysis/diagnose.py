@@ -15,6 +15,7 @@ from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, attribute_axes, gpu_comms, host_comms
 from .commstats import axis_overlap, op_stats, rank_comm
 from .findings import findings
+from .gantt import pipeline_gantt
 from .kernels import top_kernels
 from .matching import match
 from .pipeline import pipeline
@@ -120,6 +121,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         problems=[Problem(p.path, p.problem) for p in job.problems],
         other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca),
         pipeline=pipeline(grid, meta, ranks, comms), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
+    d.gantt = pipeline_gantt(job.ranks, grid)
     from ..advise.recommend import recommend     # imported here: the recommender is not the analyser's cost
     d.recommendations = recommend(d)
     return d

@@ -100,6 +100,7 @@ class Diagnosis:
     pipeline: Optional["Pipeline"] = None
     throughput: Optional["Throughput"] = None
     recommendations: list = field(default_factory=list)   # diag.advise.results.Recommendation, best first
+    gantt: Optional[object] = None        # analysis.gantt.PipelineGantt: one step of every stage
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 

@@ -98,6 +98,7 @@ def _recommendations(d: Diagnosis) -> list[str]:
 
 def render_html(d: Diagnosis, gantt: Optional[PipelineGantt] = None, title: str = "diag report") -> str:
     """The whole report as one HTML document; gantt (analysis.gantt) adds the pipeline chart."""
+    gantt = gantt or d.gantt
     from plotly.offline import get_plotlyjs
 
     body = [f"<h1>{_e(title)}</h1>", "<nav>" + "".join(f"<a href='#{k}'>{v}</a>" for k, v in _SECTIONS) + "</nav>"]
