@@ -6,6 +6,8 @@ step time and tokens/s before and after, so it can be traced to the report's own
 """
 from __future__ import annotations
 
+import numpy as np
+
 import dataclasses
 
 import msgspec
@@ -18,7 +20,11 @@ ADVICE_FORMATS = ("text", "markdown", "json")
 def _value(x: float, unit: str) -> str:
     if unit.startswith("fraction"):
         return f"{100 * x:.1f}%"
-    return f"{x:,.3g} {unit}" if unit not in ("ratio",) else f"{x:.2f}"
+    if unit == "ratio":
+        return f"{x:.2f}"
+    # three significant digits without switching to exponent notation (1,008 not 1.01e+03)
+    digits = max(0, 2 - int(np.floor(np.log10(abs(x))))) if x else 0
+    return f"{x:,.{digits}f} {unit}"
 
 
 def _tokens(x) -> str:
