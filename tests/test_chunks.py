@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA
-from diag.trace import chunks, load_rank, schema
+from diag.trace import chunks, load_job, load_rank, schema
 
 COLUMNS = ("ts_ns", "dur_ns", "kind", "thread", "device", "correlation", "external_id")
 
@@ -65,3 +65,14 @@ def test_ranges_cover_the_array_exactly(tmp_path):
     n = sum(len(schema.decode_range(doc.traceEvents, a, b)) for a, b in ranges)
     assert n == len(json.loads(data)["traceEvents"])
     assert chunks.workers() >= 1
+
+
+def test_directory_loaded_across_processes_equals_serial(monkeypatch):
+    from diag.analysis import diagnose
+    from diag.report import render
+    path = os.path.join(DATA, "dlrm_4_ranks_alltoall")
+    monkeypatch.setenv("DIAG_WORKERS", "1")
+    serial = render(diagnose(load_job(path)), "json")
+    monkeypatch.setenv("DIAG_WORKERS", "3")
+    parallel = render(diagnose(load_job(path)), "json")
+    assert parallel == serial

@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import multiprocessing
+
 from .build import build_rank
+from .chunks import workers
 from .errors import TraceError
-from .read import decode_trace, read_bytes
+from .read import decode_trace, file_size, read_bytes
 from .table import RankTrace
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
@@ -24,6 +27,7 @@ RUN_METADATA = "diag_run.json"
 # Ranks of one run start their profilers within seconds of each other (same schedule);
 # two runs in one folder are minutes apart. Clocks of different hosts may differ too.
 SAME_RUN_WINDOW_S = 300.0
+PARALLEL_MIN_BYTES = 256 << 20
 
 
 @dataclass
@@ -60,6 +64,33 @@ def load_rank(path: str) -> RankTrace:
     return build_rank(path, decode_trace(path, read_bytes(path)))
 
 
+def _try_load(path: str):
+    try:
+        return path, load_rank(path), None
+    except TraceError as e:
+        return e.path, None, e.problem
+
+
+def _one_process_each() -> None:
+    os.environ["DIAG_WORKERS"] = "1"        # a rank's own chunks stay in its worker: no nested pools
+
+
+def _load_each(files: list[str]):
+    """(path, RankTrace or None, problem) per file, in order; files spread over the cores.
+
+    Each worker holds one file at a time, so memory grows with the workers, not the ranks.
+    """
+    n = min(workers(), len(files))
+    # A pool costs ~0.1 s and only pays off on big jobs, unless DIAG_WORKERS asks for it.
+    big = len(files) >= 4 and sum(map(file_size, files)) >= PARALLEL_MIN_BYTES
+    if n < 2 or not (big or os.environ.get("DIAG_WORKERS")) \
+            or "fork" not in multiprocessing.get_all_start_methods():
+        yield from map(_try_load, files)
+        return
+    with multiprocessing.get_context("fork").Pool(n, initializer=_one_process_each) as pool:
+        yield from pool.imap(_try_load, files)
+
+
 def trace_files(directory: str) -> list[str]:
     names = sorted(os.listdir(directory))
     return [os.path.join(directory, n) for n in names
@@ -84,17 +115,15 @@ def load_job(path: str, strict: bool = False,
         raise TraceError(path, "no such file or directory")
 
     loaded, problems = [], []
-    for i, f in enumerate(files):
+    for i, (f, rt, problem) in enumerate(_load_each(files)):
         if progress:
-            progress(f, i, len(files))
-        try:
-            loaded.append(load_rank(f))
-        except TraceError as e:
-            if strict:
-                raise
-            problems.append(FileProblem(e.path, e.problem))
-    if progress:
-        progress("", len(files), len(files))
+            progress(f, i + 1, len(files))
+        if rt is not None:
+            loaded.append(rt)
+        elif strict:
+            raise TraceError(f, problem)
+        else:
+            problems.append(FileProblem(f, problem))
     if not loaded:
         if len(problems) == 1:
             raise TraceError(problems[0].path, problems[0].problem)
