@@ -79,6 +79,8 @@ class Context:
             return []
         priced = [(self.cal.predict(c, w, slowdown), c, f) for c, w, f in candidates]
         after, config, flags = min(priced, key=lambda x: x[0])
+        if self.step_s and after >= self.step_s:
+            return []                                # no candidate is predicted to be faster
         if prefer is not None and self.step_s:      # the smallest change that gets most of the best gain
             enough = [x for x in priced if self.step_s - x[0] >= PREFER_SHARE * (self.step_s - after)]
             after, config, flags = min(enough, key=lambda x: prefer(x[1]))

@@ -123,5 +123,9 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         pipeline=pipeline(grid, meta, ranks, comms), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
     d.gantt = pipeline_gantt(job.ranks, grid)
     from ..advise.recommend import recommend     # imported here: the recommender is not the analyser's cost
-    d.recommendations = recommend(d)
+    try:
+        d.recommendations = recommend(d)
+    except Exception as e:                       # noqa: BLE001 - advice must not cost the diagnosis
+        d.notes.append(f"recommendations could not be computed ({type(e).__name__}: {e}); "
+                       "the diagnosis above is complete")
     return d
