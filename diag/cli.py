@@ -38,6 +38,7 @@ def _progress():
 # Subcommands defined in their own modules, imported only when invoked, so `diag analyze`
 # never pays for the dashboard's or the recommender's imports. One line per command.
 LAZY_COMMANDS: dict[str, str] = {
+    "export": "diag.export.commands:export",
     "recommend": "diag.advise.commands:recommend",
     "compare": "diag.advise.commands:compare",
     "tune": "diag.advise.commands:tune",

@@ -55,7 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-interval", type=float, default=1.0, help="seconds")
     g.add_argument("--comm-log", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--prometheus-port", type=int, default=0,
-                   help="serve live metrics; rank r on this port + r (0: off)")
+                   help="serve live metrics at /metrics; local rank r on this port + r (0: off)")
+    g.add_argument("--prometheus-addr", default="127.0.0.1",
+                   help="address the exporter binds (0.0.0.0 to let a cluster's Prometheus in)")
+    g.add_argument("--prometheus-job", default="",
+                   help="`job` label of the live metrics (default: the --out directory's name)")
+    g.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense peak TFLOP/s per device for live MFU (default: device table)")
     return p
 
 
@@ -81,7 +87,10 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                   profile_active=args.profile_active,
                                   metrics=args.metrics, metrics_interval=args.metrics_interval,
                                   comm_log=args.comm_log,
-                                  prometheus_port=args.prometheus_port),
+                                  prometheus_port=args.prometheus_port,
+                                  prometheus_addr=args.prometheus_addr,
+                                  prometheus_job=args.prometheus_job,
+                                  peak_tflops=args.peak_tflops),
         runtime=RuntimeConfig(device=args.device, dtype=args.dtype,
                               dist_timeout=args.dist_timeout),
         command=command,

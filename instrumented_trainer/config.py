@@ -107,11 +107,16 @@ class TelemetryConfig:
     metrics: bool = True
     metrics_interval: float = 1.0
     comm_log: bool = True
-    prometheus_port: int = 0  # 0: no exporter; else rank r serves on prometheus_port + r
+    prometheus_port: int = 0  # 0: no exporter; else local rank r serves on prometheus_port + r
+    prometheus_addr: str = "127.0.0.1"  # bind address: loopback unless asked otherwise
+    prometheus_job: str = ""  # the `job` label; empty: the --out directory's name
+    peak_tflops: float | None = None  # dense peak per device for live MFU; None: device table
 
     def __post_init__(self) -> None:
         if not 0 <= self.prometheus_port < 65536:
             raise ValueError("--prometheus-port must be in [0, 65535]")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ValueError("--peak-tflops must be positive")
         if min(self.profile_wait, self.profile_warmup) < 0 or self.profile_active < 1:
             raise ValueError("--profile-wait/--profile-warmup must be >= 0 and "
                              "--profile-active >= 1")

@@ -26,8 +26,8 @@ from instrumented_trainer.telemetry import run_metadata
 from instrumented_trainer.telemetry.comm import CommLog
 from instrumented_trainer.telemetry.metrics import MetricsSampler
 from instrumented_trainer.telemetry.profiler import ProfilerSession
-from instrumented_trainer.telemetry.prometheus import (Sources, TrainerCollector,
-                                                       start_exporter)
+from instrumented_trainer.telemetry.prometheus import start_live_metrics
+from instrumented_trainer.telemetry.safe import guard
 from instrumented_trainer.telemetry.steps import StepLog
 
 
@@ -72,7 +72,7 @@ def train(job: JobConfig) -> list[float]:
     rank, _ = init_distributed(runtime, job.runtime.dist_timeout)
     tel, grid = job.telemetry, job.parallel.grid
     comm = CommLog(rank, os.path.join(tel.out, f"comm-rank-{rank}.jsonl") if tel.comm_log
-                   else None, cuda=runtime.cuda)
+                   else None, cuda=runtime.cuda, timed=bool(tel.prometheus_port))
     groups = ParallelGroups(grid, rank, comm)
     torch.manual_seed(job.train.seed)
     stage = GPTStage(job.model, groups, job.train.seed).to(runtime.device)
@@ -91,10 +91,8 @@ def train(job: JobConfig) -> list[float]:
     sampler = MetricsSampler(os.path.join(tel.out, f"metrics-rank-{rank}.jsonl"), rank,
                              tel.metrics_interval, prefer_gpu=runtime.cuda,
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
-    if tel.prometheus_port:
-        collector = TrainerCollector(os.path.basename(os.path.abspath(tel.out)), rank,
-                                     groups.coords, Sources(steps, comm, sampler))
-        start_exporter(tel.prometheus_port + rank, collector)
+    live = (start_live_metrics(job, rank, groups.coords, sampler, _peak_flops(tel, runtime))
+            if tel.prometheus_port else None)
     with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler:
         for step in range(job.train.train_iters):
             comm.step = step
@@ -104,12 +102,22 @@ def train(job: JobConfig) -> list[float]:
                 torch.cuda.synchronize()
             steps.record(step, loss, time.perf_counter() - start)
             comm.flush()
+            if live is not None:
+                with guard("prometheus metrics"):
+                    live.publish(steps.last, comm.last_step)
             profiler.step()
     comm.close()
     steps.close()
     dist.barrier()
     dist.destroy_process_group()
     return steps.losses
+
+
+def _peak_flops(tel, runtime: Runtime) -> float | None:
+    """Peak FLOP/s per device for live MFU: --peak-tflops, else the device table, else None."""
+    if tel.peak_tflops is not None:
+        return tel.peak_tflops * 1e12
+    return run_metadata.peak_flops(run_metadata.device_name(runtime.cuda), runtime.dtype_name)
 
 
 def train_step(job, step, stage, groups, optimizer, grad_sync, runtime) -> float:

@@ -10,6 +10,11 @@ and timed into `<out>/comm-rank-<r>.jsonl` (op, axis, group ranks, bytes, wall-c
 duration). On GPU the timing uses CUDA events that are read only at `flush()` (step end), so the
 hot path never synchronises; on CPU it uses time.perf_counter. Async operations are timed from
 launch to the end of `wait()`.
+
+Each operation's *exposed* time is also kept (for the live Prometheus metrics): the time the
+training thread (CPU) or the compute stream (GPU) stood still for it -- the whole call for a
+blocking collective, only the `wait()` for an async one. `last_step` holds the resolved
+operations of the step just flushed.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ class _Pending:
 
     record: dict
     t0: float = 0.0
+    t_wait: float | None = None  # async: when wait() began (CPU)
     start_event: object = None
+    wait_event: object = None  # async: recorded when wait() began (GPU)
     end_event: object = None
+    exposed: float = 0.0
     done: bool = False
 
 
@@ -45,6 +53,7 @@ class Handle:
     log: "CommLog"
 
     def wait(self) -> None:
+        self.log._begin_wait(self.pending)
         self.work.wait()
         self.log._close(self.pending)
 
@@ -57,8 +66,9 @@ class CommLog:
     path: str | None
     cuda: bool = False
     step: int = 0
+    timed: bool = False  # time operations even without a file (the live exporter reads them)
     _pending: list[_Pending] = field(default_factory=list)
-    totals: dict = field(default_factory=dict)  # (axis, op) -> [seconds, bytes], for Prometheus
+    last_step: list[dict] = field(default_factory=list)  # resolved records of the last flush
 
     def __post_init__(self) -> None:
         self._writer = JsonlWriter(self.path, "comm log") if self.path else None
@@ -97,7 +107,7 @@ class CommLog:
         return None
 
     def _open(self, op, axis, ranks, nbytes, peer):
-        if self._writer is None:
+        if self._writer is None and not self.timed:
             return None
         record = {"step": self.step, "op": op, "axis": str(axis), "group_ranks": list(ranks),
                   "bytes": nbytes, "start": time.time()}
@@ -113,6 +123,16 @@ class CommLog:
                 pending.t0 = time.perf_counter()
         return pending
 
+    def _begin_wait(self, pending: _Pending | None) -> None:
+        if pending is None:
+            return
+        with guard("comm timing"):
+            if self.cuda:
+                pending.wait_event = torch.cuda.Event(enable_timing=True)
+                pending.wait_event.record()
+            else:
+                pending.t_wait = time.perf_counter()
+
     def _close(self, pending: _Pending | None) -> None:
         if pending is None:
             return
@@ -120,25 +140,33 @@ class CommLog:
             if self.cuda:
                 pending.end_event.record()  # read lazily in flush(): no sync here
             else:
-                pending.record["duration"] = time.perf_counter() - pending.t0
+                end = time.perf_counter()
+                pending.record["duration"] = end - pending.t0
+                pending.exposed = end - (pending.t0 if pending.t_wait is None else pending.t_wait)
             pending.done = True
             self._pending.append(pending)
 
+    def _resolve_cuda(self, p: _Pending) -> None:
+        p.end_event.synchronize()
+        p.record["duration"] = p.start_event.elapsed_time(p.end_event) / 1e3
+        first = p.start_event if p.wait_event is None else p.wait_event
+        p.exposed = first.elapsed_time(p.end_event) / 1e3
+
     def flush(self) -> None:
         """Resolve this step's timings and write them; called at step end, off the hot path."""
-        if self._writer is None:
-            return
+        resolved = []
         with guard("comm timing"):
             for p in self._pending:
                 if self.cuda:
-                    p.end_event.synchronize()
-                    p.record["duration"] = p.start_event.elapsed_time(p.end_event) / 1e3
-                self._writer.append(p.record)
-                total = self.totals.setdefault((p.record["axis"], p.record["op"]), [0.0, 0])
-                total[0] += p.record["duration"]
-                total[1] += p.record["bytes"]
+                    self._resolve_cuda(p)
+                if self._writer is not None:
+                    self._writer.append(p.record)
+                if self.timed:
+                    resolved.append({**p.record, "exposed": p.exposed})
         self._pending.clear()
-        self._writer.flush()
+        self.last_step = resolved
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         self.flush()

@@ -1,0 +1,68 @@
+"""`diag export PATH --prometheus FILE [--pushgateway URL --job NAME]`: a thin command.
+
+Parse, load and diagnose the traces exactly as `diag analyze` does, then write the Diagnosis in
+Prometheus text format (FILE, or '-' for stdout) and/or push it to a Pushgateway. Exit codes as
+`diag analyze`: 0 success, 2 bad input, usage, a missing prometheus-client or a failed push.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+
+def _fail(message: str) -> None:
+    click.echo(f"diag: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _diagnosis(path: str, strict: bool, tp, pp, peak_tflops):
+    from ..analysis import diagnose
+    from ..trace import load_job
+    from ..trace.errors import TraceError
+
+    try:
+        job = load_job(path, strict=strict)
+        return diagnose(job, tp=tp, pp=pp, peak_tflops=peak_tflops)
+    except TraceError as e:
+        _fail(str(e))
+    except ValueError as e:
+        _fail(f"{path}: {e}")
+
+
+@click.command()
+@click.argument("path", type=click.Path())
+@click.option("--prometheus", "textfile", metavar="FILE",
+              help="Write the diagnosis in Prometheus text format to FILE ('-': stdout). For "
+                   "node_exporter's textfile collector, name it *.prom in its directory.")
+@click.option("--pushgateway", metavar="URL", help="Also push it to this Pushgateway.")
+@click.option("--job", metavar="NAME",
+              help="`job` label (and Pushgateway group); default: the traces' directory name.")
+@click.option("--strict", is_flag=True, help="Fail on the first unreadable rank file.")
+@click.option("--tp", type=click.IntRange(1), default=None,
+              help="TP size (default: diag_run.json).")
+@click.option("--pp", type=click.IntRange(1), default=None,
+              help="PP size (default: diag_run.json).")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak dense TFLOP/s per device for MFU.")
+def export(path, textfile, pushgateway, job, strict, tp, pp, peak_tflops) -> None:
+    """Export the diagnosis of PATH's traces as Prometheus metrics."""
+    from . import prometheus
+
+    if not textfile and not pushgateway:
+        _fail("nothing to do: give --prometheus FILE and/or --pushgateway URL")
+    name = job or os.path.basename(os.path.abspath(path).rstrip(os.sep)) or "diag"
+    diagnosis = _diagnosis(path, strict, tp, pp, peak_tflops)
+    try:
+        if textfile == "-":
+            click.echo(prometheus.to_text(diagnosis, name), nl=False)
+        elif textfile:
+            prometheus.write_textfile(diagnosis, name, textfile)
+        if pushgateway:
+            prometheus.push(diagnosis, name, pushgateway)
+    except RuntimeError as e:  # prometheus-client missing
+        _fail(str(e))
+    except OSError as e:  # unwritable file, unreachable gateway (URLError is an OSError)
+        _fail(f"{textfile if textfile and not pushgateway else pushgateway}: {e}")
