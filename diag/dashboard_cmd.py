@@ -8,20 +8,15 @@ because a trace names hosts, paths and model shapes.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Optional
 
 import click
 
+from .ports import free_port
+
 APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def resolve_root(path: Optional[str], root: Optional[str]) -> tuple[Path, Optional[str]]:

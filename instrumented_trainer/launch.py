@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0 and let the OS choose)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from diag.ports import free_port
 
 
 def _child_env(rank: int, world: int, port: int, command: str) -> dict[str, str]:

@@ -12,7 +12,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
+
+from diag.ports import free_ports  # noqa: F401 - re-exported for the tests
 import subprocess
 import sys
 import time
@@ -25,26 +26,6 @@ PROM_DIR = ROOT / "dashboards" / "prometheus"
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--vocab-size", "128", "--micro-batch-size", "2",
         "--global-batch-size", "8", "--seed", "7", "--dist-timeout", "60", "--no-profile"]
-
-
-def free_ports(count: int) -> int:
-    """A base port with `count` consecutive ports free on 127.0.0.1 (a moment ago)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65536 and all(_free(base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError("no consecutive free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def get(url: str, timeout: float = 5.0) -> bytes:

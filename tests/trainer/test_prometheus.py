@@ -3,6 +3,7 @@ scraped 20 times a second per rank during a real run."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import statistics
@@ -100,7 +101,7 @@ def _scrape(ports, stop, counts, per_second=20.0):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     counts[port] = counts.get(port, 0) + ("diag_steps_total" in r.read().decode())
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 pass  # not up yet, or already gone
         stop.wait(max(0.0, 1.0 / per_second - (time.monotonic() - t0)))
 
