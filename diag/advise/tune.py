@@ -5,10 +5,10 @@ instrumented trainer (a subprocess: diag never imports torch) with a configurati
 its traces, takes the top recommendation the trainer can run, re-runs with exactly its
 command, and reports predicted against measured change of the step time.
 
-Measured step time, two ways: the median ProfilerStep time of the traces (profiled steps,
-the basis the model is calibrated on, so the basis of `error`), and the median of
-`steps.jsonl` over the unprofiled steps (after the first). On a loaded CPU the two can
-disagree: both are reported.
+Measured step time, two ways: the median of `steps.jsonl` over the unprofiled steps (after
+the first): the step time training really gets, so the basis of `error`; and the median
+ProfilerStep time of the traces (profiled steps, slowed by the profiler itself, the basis the
+model is calibrated on). Both are reported.
 """
 from __future__ import annotations
 
@@ -58,10 +58,10 @@ class TuneResult:
 
     @property
     def error(self) -> Optional[float]:
-        """|predicted - measured| / |measured| change, on the profiled steps the model was calibrated on."""
-        if self.predicted_change is None or not self.trace_change:
+        """|predicted - measured| / |measured| change, measured on the unprofiled steps."""
+        if self.predicted_change is None or not self.measured_change:
             return None
-        return abs(self.predicted_change - self.trace_change) / abs(self.trace_change)
+        return abs(self.predicted_change - self.measured_change) / abs(self.measured_change)
 
 
 def _argv(command: str, out: str, python: str) -> list[str]:

@@ -121,8 +121,9 @@ def render_tune(res) -> str:
     out += [f"applied: {r.title} [{r.rule}]", f"  {' '.join(f'{k} {v}'.strip() for k, v in r.flags.items())}",
             f"after:  {a.out}: median step {ms(a.trace_step_s)} ms profiled, {ms(a.step_s)} ms over {a.steps} "
             f"unprofiled steps ({a.runs} runs)",
-            f"predicted change {100 * res.predicted_change:+.1f}%; measured on the profiled steps (the model's basis) "
+            f"predicted change {100 * res.predicted_change:+.1f}%; measured {100 * res.measured_change:+.1f}% "
+            "(unprofiled steps), "
             + (f"{100 * res.trace_change:+.1f}%" if res.trace_change is not None else "-")
-            + f", on the unprofiled steps {100 * res.measured_change:+.1f}%"
+            + " on the profiled steps"
             + (f"; prediction off by {100 * res.error:.0f}% of the measured change" if res.error is not None else "")]
     return "\n".join(out) + "\n"
