@@ -34,7 +34,15 @@ class ProfilerSession:
         with guard("profiler export"):
             os.makedirs(self.cfg.out, exist_ok=True)
             path = trace_path(self.cfg.out, self.rank)
-            prof.export_chrome_trace(path)  # a .gz suffix makes torch gzip the JSON itself
+            # Written under a name no reader takes for a trace, then renamed: a rank killed or a
+            # disk filling up mid-write never leaves a partial file under the final name.
+            partial = path[: -len(".json.gz")] + ".partial.gz"   # .gz: torch gzips the JSON itself
+            try:
+                prof.export_chrome_trace(partial)
+                os.replace(partial, path)
+            finally:
+                if os.path.exists(partial):
+                    os.remove(partial)
             self.exported = path
 
     def __enter__(self) -> "ProfilerSession":

@@ -1,0 +1,66 @@
+"""Faults during training: a rank killed mid-run, and files caught half-written."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from diag.analysis import diagnose
+from diag.trace import load_job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _child_with_rank(launcher: psutil.Process, rank: int) -> psutil.Process:
+    for child in launcher.children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank):
+                return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no trainer process with RANK={rank}")
+
+
+def test_killed_rank_stops_the_job_and_written_traces_stay_whole(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--pipeline-model-parallel-size", "2",
+           "--train-iters", "100000", "--profile-wait", "0", "--profile-warmup", "1", "--profile-active", "2",
+           "--out", str(out)]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        traces = [out / f"rank-{r}.pt.trace.json.gz" for r in (0, 1)]
+        deadline = time.monotonic() + 120
+        while not all(t.exists() for t in traces):
+            assert p.poll() is None and time.monotonic() < deadline, "the run never wrote its traces"
+            time.sleep(0.2)
+        time.sleep(1.0)                                   # a few more steps after the profiler window
+        victim = _child_with_rank(psutil.Process(p.pid), 1)
+        killed_at = time.monotonic()
+        victim.send_signal(signal.SIGKILL)
+        code = p.wait(timeout=60)
+        stopped_in = time.monotonic() - killed_at
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = p.stderr.read()
+    assert code != 0 and "a trainer process exited with code" in err, err
+    assert stopped_in < 30, stopped_in                    # bounded: no hang in a collective
+    d = diagnose(load_job(str(out), strict=True))         # written traces are complete
+    assert [r.rank for r in d.ranks] == [0, 1] and not d.problems
+    for line in open(out / "steps.jsonl"):                # the step log holds whole records
+        json.loads(line)
+
+
+def test_half_written_trace_is_not_taken_for_a_trace(tmp_path):
+    """The profiler writes `rank-<r>.pt.trace.partial.gz` and renames it when complete; a
+    leftover partial file (a rank killed mid-write) is not read as a trace."""
+    src = os.path.join(ROOT, "sample_traces", "pp2_m2")
+    for name in os.listdir(src):
+        os.symlink(os.path.join(src, name), tmp_path / name)
+    whole = open(os.path.join(src, "rank-1.pt.trace.json.gz"), "rb").read()
+    (tmp_path / "rank-1.pt.trace.partial.gz").write_bytes(whole[: len(whole) // 3])
+    d = diagnose(load_job(str(tmp_path), strict=True))
+    assert [r.rank for r in d.ranks] == [0, 1] and not d.problems
