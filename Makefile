@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The stamp changes with pyproject.toml, so editing dependencies re-runs the install.
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-EXTRAS ?= trainer,hta,dashboard,dev
+EXTRAS ?= trainer,hta,dashboard,bench,dev
 
 .PHONY: setup system-deps demo test bench clean
 
@@ -44,8 +44,14 @@ demo: setup
 test: setup system-deps
 	$(BIN)/python -m pytest -q
 
+# diag vs HTA vs the JSON parse floor on two sizes of a real trace repeated in time (see benchmarks/README.md).
+BENCH_SRC := tests/data/a100_rank0_of_2_nccl_args
 bench: setup
-	$(BIN)/python benchmarks/bench_analyze.py
+	@mkdir -p bench_out
+	@for k in 6 12; do test -f bench_out/a100_nccl_x$$k.json || \
+	  $(BIN)/python benchmarks/make_big_trace.py $(BENCH_SRC) bench_out/a100_nccl_x$$k.json --copies $$k; done
+	$(BIN)/python benchmarks/bench_analyze.py bench_out/a100_nccl_x6.json bench_out/a100_nccl_x12.json \
+	  --rounds 5 --out bench_out/bench_big.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
