@@ -40,6 +40,9 @@ demo: setup
 	  --overlap-grad-reduce --train-iters 6 --profile-wait 1 --profile-warmup 1 --profile-active 3 \
 	  --out $(DEMO_OUT)
 	$(BIN)/diag analyze $(DEMO_OUT)
+	@echo
+	@echo "Next: $(BIN)/diag recommend $(DEMO_OUT)     # the changes worth trying, with the re-run commands"
+	@echo "      $(BIN)/diag dashboard $(DEMO_OUT)     # the same run in the browser: http://127.0.0.1:8501/"
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q
