@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 
 from rich import box
 from rich.console import Console
@@ -71,7 +72,11 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         _print_table(con, title, ["kernel", "kind", "count", "ms", "%"], rows)
     con.print("Recommendations, biggest predicted gain first", style="bold")
     for line in recommendation_lines(d.recommendations):
-        con.print(line, markup=False)   # wrapped at 80 columns; `diag recommend` prints commands unwrapped
+        # wrapped at the console width under its own label; `diag recommend` prints commands unwrapped
+        indent = " " * (len(line) - len(line.lstrip()) + (line.lstrip().find(": ") + 2 if ": " in line else 3))
+        for part in textwrap.wrap(line, width=width, subsequent_indent=indent[:24], break_on_hyphens=False,
+                                  break_long_words=True) or [""]:
+            con.print(part, markup=False, soft_wrap=True)
     grouped = grouped_rank_notes(d)
     for ranks, n in grouped[:8]:
         con.print(f"{ranks}: {n}", style="dim", markup=False)
