@@ -43,6 +43,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "compare": "diag.advise.commands:compare",
     "tune": "diag.advise.commands:tune",
     "dashboard": "diag.dashboard_cmd:dashboard",
+    "bench": "diag.bench_cmd:bench",
 }
 
 

@@ -3,7 +3,7 @@ import streamlit as st
 
 import ui
 from diag.report import charts
-from diag.report.fmt import AXIS_HEADER, OPS_HEADER, OPS_LEGEND, axis_rows, op_rows
+from diag.report.fmt import AXIS_HEADER, OPS_HEADER, axis_rows, op_rows, ops_legend
 
 d = ui.current().diagnosis
 st.title("Communication")
@@ -20,6 +20,6 @@ with right:
     st.plotly_chart(charts.busbw_scatter(d), width="stretch")
 st.subheader("Collectives by axis, op and message size")
 ui.table(OPS_HEADER, op_rows(d))
-st.caption(OPS_LEGEND)
+st.caption(ops_legend(d))
 for n in d.comm.notes:
     st.caption(f"note: {n}")

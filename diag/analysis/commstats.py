@@ -35,7 +35,8 @@ def _concat(comms: list[RankComms], matched: list[Matched]) -> dict:
 
 
 def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
-             device: Optional[str], link_gbps: Optional[float]) -> list[CommOpStat]:
+             device: Optional[str], link_gbps: Optional[float], bench=None) -> list[CommOpStat]:
+    """bench: a measured busbw curve (analysis.benchcurve.BenchCurve), or None."""
     c = _concat(comms, matched)
     if c["coll"].size == 0:
         return []
@@ -73,8 +74,20 @@ def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
             busbw_median_gbps=med, busbw_p95_gbps=float(np.percentile(vals, 95)) if vals.size else None,
             busbw_basis=basis, link=link[0] if link else None, link_peak_gbps=peak,
             efficiency=med / peak if med is not None and peak else None))
+    if bench is not None:
+        for o in out:
+            _against_bench(o, bench)
     out.sort(key=lambda s: -s.exposed_s)
     return out
+
+
+def _against_bench(o: CommOpStat, bench) -> None:
+    """Achievable busbw at the same axis, op and message size, and the share training got."""
+    if o.median_bytes is None or o.axis == "unknown":
+        return
+    o.achievable_gbps = bench.busbw_at(o.axis, o.op, o.median_bytes)
+    if o.achievable_gbps and o.busbw_median_gbps is not None:
+        o.bench_efficiency = o.busbw_median_gbps / o.achievable_gbps
 
 
 def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisOverlap]:

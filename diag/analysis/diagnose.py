@@ -83,10 +83,10 @@ def job_grid(job: Job, tp: Optional[int], pp: Optional[int]) -> Optional[RankGri
 
 
 def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Optional[int],
-                  device: Optional[str], link_gbps: Optional[float]) -> CommAnalysis:
+                  device: Optional[str], link_gbps: Optional[float], bench=None) -> CommAnalysis:
     matched, inferred = match(comms, world)
     steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
-    ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps),
+    ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps, bench),
                       axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
     ca.stragglers = collective_stragglers(comms, matched, steps) + step_stragglers(ranks)
     if inferred:
@@ -100,8 +100,9 @@ def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Option
 
 def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[int] = None,
              link_gbps: Optional[float] = None, peak_tflops: Optional[float] = None,
-             shape: Optional[dict] = None) -> Diagnosis:
-    """shape: run facts given by the user (Megatron names, e.g. global_batch_size) over diag_run.json."""
+             shape: Optional[dict] = None, bench=None) -> Diagnosis:
+    """shape: run facts given by the user (Megatron names, e.g. global_batch_size) over diag_run.json;
+    bench: a `diag bench` busbw curve (analysis.benchcurve) to set each collective against."""
     meta = {**(job.run_meta or {}), **{k: v for k, v in (shape or {}).items() if v is not None}}
     grid = job_grid(job, tp, pp)
     passes = [_rank_pass(rt, top_n) for rt in job.ranks]
@@ -110,7 +111,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     for rc in comms:
         attribute_axes(rc, grid)
     devices = [r.device for r in ranks if r.device]
-    ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps) \
+    ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps, bench) \
         if any(len(rc) for rc in comms) else None
     backends = {rt.backend for rt in job.ranks if rt.backend}
     notes = list(job.notes)

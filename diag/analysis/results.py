@@ -124,6 +124,8 @@ class CommOpStat:
     link: Optional[str] = None
     link_peak_gbps: Optional[float] = None
     efficiency: Optional[float] = None  # busbw_median / link peak
+    achievable_gbps: Optional[float] = None  # `diag bench` busbw at this axis, op and message size
+    bench_efficiency: Optional[float] = None  # busbw_median / achievable: in-training link efficiency
 
 
 @dataclass

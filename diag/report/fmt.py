@@ -79,15 +79,28 @@ def axis_rows(d: Diagnosis) -> list[list[str]]:
              pct(None if a.hidden_ratio is None else 100 * a.hidden_ratio)] for a in d.comm.axes]
 
 
+def has_bench(d: Diagnosis) -> bool:
+    return bool(d.comm) and any(o.achievable_gbps for o in d.comm.ops)
+
+
+def ops_legend(d: Diagnosis) -> str:
+    if has_bench(d):
+        return OPS_LEGEND.replace("eff: busbw / link peak",
+                                  "eff: busbw / the busbw `diag bench` measured on the same axis at this size")
+    return OPS_LEGEND
+
+
 def op_rows(d: Diagnosis) -> list[list[str]]:
     if not d.comm:
         return []
+    bench = has_bench(d)
     rows = []
     for o in d.comm.ops:
         bw = "-" if o.busbw_median_gbps is None else f"{o.busbw_median_gbps:,.2f}" + (
             "*" if o.busbw_basis != "transfer" else "")
+        eff = o.bench_efficiency if bench else o.efficiency
         rows.append([f"{o.axis}:{o.op}", o.size_bucket, str(o.calls), ms(o.time_s, 2), ms(o.exposed_s, 2),
-                     ms(o.wait_s, 2), bw, pct(None if o.efficiency is None else 100 * o.efficiency)])
+                     ms(o.wait_s, 2), bw, pct(None if eff is None else 100 * eff)])
     return rows
 
 

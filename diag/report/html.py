@@ -13,8 +13,8 @@ from typing import Optional
 from ..analysis.gantt import PipelineGantt
 from ..analysis.results import Diagnosis
 from . import charts
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
-                  axis_rows, finding_rows, grouped_rank_notes, headline, op_rows, pipeline_caption, pipeline_rows,
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
+                  axis_rows, finding_rows, grouped_rank_notes, headline, op_rows, ops_legend, pipeline_caption, pipeline_rows,
                   rank_row, throughput_lines)
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
@@ -53,7 +53,7 @@ def _communication(d: Diagnosis) -> list[str]:
     if not d.comm:
         return ["<p>No communication in these traces.</p>"]
     out = [table(AXIS_HEADER, axis_rows(d)), _figure(charts.axis_exposure_bars(d)), _figure(charts.busbw_scatter(d)),
-           table(OPS_HEADER, op_rows(d), OPS_LEGEND)]
+           table(OPS_HEADER, op_rows(d), ops_legend(d))]
     out += [f"<p class='note'>note: {_e(n)}</p>" for n in d.comm.notes]
     return out
 

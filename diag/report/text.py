@@ -10,8 +10,8 @@ from rich.table import Table
 
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, OPS_LEGEND, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
-                  axis_rows, finding_rows, grouped_rank_notes, headline, ms, op_rows, pipeline_caption, pipeline_rows, rank_row,
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
+                  axis_rows, finding_rows, grouped_rank_notes, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
                   short_kernel, throughput_lines)
 
 
@@ -58,7 +58,7 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         _print_table(con, "Pipeline bubble per stage", PIPE_HEADER, pipeline_rows(d), pipeline_caption(d))
     if d.comm:
         _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
-        _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), OPS_LEGEND)
+        _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), ops_legend(d))
         for s in d.comm.stragglers:
             con.print(f"straggler: rank {s.rank} {s.reason}: {s.evidence}", markup=False)
         for n in d.comm.notes:
