@@ -1,7 +1,9 @@
 """Measured collective bandwidth curves from `instrumented_trainer.collbench` JSON (torch-free).
 
 `load_bench(path)` reads the benchmark's output; `BenchCurve.busbw_at(axis, op, nbytes)` gives
-the busbw the benchmark measured for that axis and collective at that message size, linearly
+the busbw in GB/s (1e9 bytes/s, the unit of the report's busbw columns; the JSON and
+`points` hold bytes/s) that the benchmark measured for that axis and collective at that
+message size, linearly
 interpolated in log2(size) between the two nearest measured sizes. Outside the measured range,
 or for an axis/op that was not measured (or was skipped), it returns None: extrapolating a
 latency-bound or not-yet-flat curve would invent numbers.
@@ -24,16 +26,19 @@ _OP_OF_COLL = {Coll.ALL_REDUCE: "all_reduce", Coll.ALL_GATHER: "all_gather",
 _REQUIRED = ("axis", "op", "bytes", "time_s", "busbw", "group_size")
 
 
+_OP_ALIASES = {"send": "send_recv", "recv": "send_recv"}  # Coll.SEND.name.lower() etc.
+
+
 def op_name(op) -> str | None:
     """collbench op name for a str op name or a `Coll` value (None if it has none)."""
     if isinstance(op, Coll):
         return _OP_OF_COLL.get(op)
-    return str(op)
+    return _OP_ALIASES.get(str(op), str(op))
 
 
 @dataclass
 class BenchCurve:
-    """busbw (bytes/s) by (axis, op), points sorted by message size in bytes."""
+    """Measured busbw by (axis, op): points are (bytes, busbw in bytes/s), sorted by size."""
 
     backend: str
     device: str
@@ -42,7 +47,11 @@ class BenchCurve:
     skipped: list[dict] = field(default_factory=list)
 
     def busbw_at(self, axis, op, nbytes) -> float | None:
-        """busbw at `nbytes`, interpolated in log2(size); None outside the measured range."""
+        """busbw in GB/s at `nbytes`, interpolated in log2(size); None outside the range."""
+        bw = self._bytes_per_s_at(axis, op, nbytes)
+        return None if bw is None else bw / 1e9
+
+    def _bytes_per_s_at(self, axis, op, nbytes) -> float | None:
         pts = self.points.get((str(axis), op_name(op) or ""))
         if not pts or nbytes is None or not math.isfinite(nbytes) or nbytes <= 0:
             return None
