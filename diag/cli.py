@@ -60,6 +60,20 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
+BENCH_NEXT_TO_TRACES = "diag_bench.json"
+
+
+def _bench_for(path: str, given: str | None):
+    """The busbw curve given with --bench, or the diag_bench.json found next to the traces."""
+    from .analysis.benchcurve import load_bench
+
+    if given:
+        return load_bench(given)
+    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)),
+                          BENCH_NEXT_TO_TRACES)
+    return load_bench(beside) if os.path.isfile(beside) else None
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="diag")
 def main() -> None:
@@ -89,8 +103,11 @@ def main() -> None:
 @click.option("--hidden-size", type=click.IntRange(1), default=None, help="Hidden size (for model FLOPs).")
 @click.option("--vocab-size", type=click.IntRange(1), default=None, help="Vocabulary size (for model FLOPs).")
 @click.option("--num-micro-batches", type=click.IntRange(1), default=None, help="Micro-batches per step (for the ideal bubble).")
+@click.option("--bench", "bench_path", type=click.Path(dir_okay=False), default=None,
+              help="A `diag bench` result: set each collective against the busbw measured on its axis at its "
+                   "size (default: diag_bench.json next to the traces, if there is one).")
 def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp, pp, link_gbps, peak_tflops,
-            **shape) -> None:
+            bench_path, **shape) -> None:
     """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
 
     Run facts (sizes, batch, model shape) come from the trainer's diag_run.json next to the
@@ -111,8 +128,12 @@ def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp,
         click.echo(f"diag: error: {e}", err=True)
         sys.exit(2)
     try:
+        bench = _bench_for(path, bench_path)
         diagnosis = diagnose(job, top_n=top, tp=tp, pp=pp, link_gbps=link_gbps, peak_tflops=peak_tflops,
-                             shape=shape)
+                             shape=shape, bench=bench)
+    except TraceError as e:          # an unreadable --bench file
+        click.echo(f"diag: error: {e}", err=True)
+        sys.exit(2)
     except ValueError as e:          # e.g. --tp/--pp that do not divide the world size
         click.echo(f"diag: error: {path}: {e}", err=True)
         sys.exit(2)
