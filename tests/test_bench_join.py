@@ -51,3 +51,31 @@ def test_cli_finds_the_bench_next_to_the_traces_and_refuses_a_bad_one(tmp_path):
     p = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(run), "--bench", str(bad)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2 and str(bad) in p.stderr and "not a collbench result" in p.stderr
+
+
+def rising_curve(axis: str, op: str, plateau_bytes: int, plateau_gbps: float) -> dict:
+    """busbw proportional to size up to plateau_bytes, flat after: the shape of a real curve."""
+    results = [{"axis": axis, "op": op, "bytes": 2 ** k, "time_s": 1.0, "group_size": 2,
+                "busbw": plateau_gbps * 1e9 * min(1.0, 2 ** k / plateau_bytes)} for k in range(10, 31)]
+    return {"schema": "diag.collbench/1", "backend": "gloo", "device": "cpu", "world_size": 2, "results": results}
+
+
+def test_dp_buckets_below_the_curves_plateau_get_a_recommendation():
+    sample = os.path.join(ROOT, "sample_traces", "dp2_no_overlap")
+    d = diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", 64 << 20, 1.0)))
+    (o,) = [o for o in d.comm.ops if o.axis == "dp" and o.op == "all_reduce" and o.size_bucket == "64KiB-1MiB"]
+    assert o.plateau_gbps == pytest.approx(1.0) and o.plateau_bytes == pytest.approx(0.9 * (64 << 20), rel=0.12)
+    # interpolated linearly in log2(size) between the measured powers of two around the size
+    import math
+    k = math.floor(math.log2(o.median_bytes))
+    lo, hi = 2 ** k / (64 << 20), 2 ** (k + 1) / (64 << 20)
+    assert o.achievable_gbps == pytest.approx(lo + (hi - lo) * (math.log2(o.median_bytes) - k), rel=1e-9)
+    (rec,) = [r for r in d.recommendations if r.rule == "dp_bucket_curve"]
+    elements = int(d.run["ddp_bucket_size"] * o.plateau_bytes / o.median_bytes)
+    assert rec.flags == {"--ddp-bucket-size": str(elements)}
+    (dp,) = [a for a in d.comm.axes if a.axis == "dp"]
+    step = d.throughput.step_time_s
+    assert rec.step_s_after == pytest.approx(step - dp.exposed_per_step_s * (1 - o.achievable_gbps / 1.0))
+    # on the plateau already: nothing to propose
+    flat = diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", 1024, 1.0)))
+    assert not [r for r in flat.recommendations if r.rule == "dp_bucket_curve"]

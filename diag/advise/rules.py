@@ -28,6 +28,9 @@ FP32_GEMM = re.compile(r"sgemm|gemm.*(f32f32|fp32|_f32_)|cutlass.*_s\d+gemm", re
 HALF = re.compile(r"bf16|f16|fp16|h\d+gemm|hgemm|tf32", re.I)
 
 
+DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plateau busbw
+
+
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -245,4 +248,35 @@ def straggler(ctx: Context) -> list[Recommendation]:
     return out
 
 
-RULES = (bubble, dp_overlap, tp_layout, micro_batch, rebalance, bf16, straggler)
+def dp_bucket_curve(ctx: Context) -> list[Recommendation]:
+    """DP buckets below the size at which `diag bench` reaches its plateau -> buckets of that size.
+
+    Priced from the measured curve, not the model (whose links have one bandwidth at every
+    size): the exposed DP time shrinks like busbw now / busbw on the plateau.
+    """
+    a = ctx.axis("dp")
+    meta = ctx.d.run or {}
+    ops = [o for o in (ctx.d.comm.ops if ctx.d.comm else []) if o.axis == "dp" and o.op == "all_reduce"
+           and o.achievable_gbps and o.plateau_gbps and o.plateau_bytes and o.median_bytes]
+    if a is None or not ops or not ctx.step_s or not meta.get("ddp_bucket_size"):
+        return []
+    o = max(ops, key=lambda x: x.time_s)
+    if o.achievable_gbps >= DP_CURVE_SHARE * o.plateau_gbps or o.plateau_bytes <= o.median_bytes:
+        return []
+    exposed = a.exposed_per_step_s or 0.0
+    after = ctx.step_s - exposed * (1 - o.achievable_gbps / o.plateau_gbps)
+    elements = int(meta["ddp_bucket_size"] * o.plateau_bytes / o.median_bytes)
+    e = [ev("DP all-reduce busbw achievable at its size", o.achievable_gbps, DP_CURVE_SHARE * o.plateau_gbps,
+            "GB/s", "Collectives by axis, op and message size (diag bench curve)"),
+         ev("exposed DP communication", exposed * 1e3, 0.0, "ms/step", "Communication by parallel axis")]
+    return ctx.make("dp_bucket_curve", f"DP buckets of {elements:,} elements (messages of "
+                    f"{o.plateau_bytes / 2**20:,.1f} MiB, where diag bench reaches its plateau)", e,
+                    {"--ddp-bucket-size": str(elements)}, after,
+                    why=f"at {o.median_bytes / 2**20:,.2f} MiB the DP links deliver {o.achievable_gbps:,.2f} GB/s; "
+                        f"diag bench measured {o.plateau_gbps:,.2f} GB/s from {o.plateau_bytes / 2**20:,.1f} MiB",
+                    assumptions=["priced from the diag bench curve: exposed DP time scales with busbw",
+                                 "fewer, larger buckets start later in backward: with --overlap-grad-reduce "
+                                 "less of them may hide"])
+
+
+RULES = (bubble, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler)

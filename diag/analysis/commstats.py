@@ -13,12 +13,14 @@ import numpy as np
 from ..hardware import intra_node_link
 from ..trace.kinds import Coll
 from . import intervals as iv
+from .benchcurve import op_name
 from .bandwidth import BUCKETS, busbw_array, size_bucket_array
 from .collectives import AXES, RankComms
 from .matching import Matched
 from .results import AxisOverlap, CommOpStat, RankComm
 
 NS = 1e-9
+PLATEAU_SHARE = 0.9          # "on the plateau": at least 90% of the best busbw measured
 
 
 def _axis_name(a: int) -> str:
@@ -88,6 +90,11 @@ def _against_bench(o: CommOpStat, bench) -> None:
     o.achievable_gbps = bench.busbw_at(o.axis, o.op, o.median_bytes)
     if o.achievable_gbps and o.busbw_median_gbps is not None:
         o.bench_efficiency = o.busbw_median_gbps / o.achievable_gbps
+    pts = bench.points.get((o.axis, op_name(o.op)))          # [(bytes, bytes/s)] sorted by size
+    if pts:
+        top = max(bw for _, bw in pts)
+        o.plateau_gbps = top / 1e9
+        o.plateau_bytes = float(min(size for size, bw in pts if bw >= PLATEAU_SHARE * top))
 
 
 def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisOverlap]:

@@ -126,6 +126,8 @@ class CommOpStat:
     efficiency: Optional[float] = None  # busbw_median / link peak
     achievable_gbps: Optional[float] = None  # `diag bench` busbw at this axis, op and message size
     bench_efficiency: Optional[float] = None  # busbw_median / achievable: in-training link efficiency
+    plateau_gbps: Optional[float] = None      # the highest busbw `diag bench` measured for this axis and op
+    plateau_bytes: Optional[float] = None     # the smallest measured size reaching 90% of it
 
 
 @dataclass
