@@ -29,6 +29,7 @@ HALF = re.compile(r"bf16|f16|fp16|h\d+gemm|hgemm|tf32", re.I)
 
 
 DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plateau busbw
+GRAD_BYTES = 4               # the trainer keeps fp32 gradients (calibrate.py assumes the same)
 
 
 def _divisors(n: int) -> list[int]:
@@ -261,11 +262,14 @@ def dp_bucket_curve(ctx: Context) -> list[Recommendation]:
     if a is None or not ops or not ctx.step_s or not meta.get("ddp_bucket_size"):
         return []
     o = max(ops, key=lambda x: x.time_s)
-    if o.achievable_gbps >= DP_CURVE_SHARE * o.plateau_gbps or o.plateau_bytes <= o.median_bytes:
+    per_element = GRAD_BYTES
+    grads = (meta.get("parameter_count") or 0) * per_element / max(1, (meta.get("tp") or 1) * (meta.get("pp") or 1))
+    if o.achievable_gbps >= DP_CURVE_SHARE * o.plateau_gbps or o.plateau_bytes <= o.median_bytes \
+            or not grads or o.plateau_bytes > grads:       # a bucket larger than all gradients never fills
         return []
     exposed = a.exposed_per_step_s or 0.0
     after = ctx.step_s - exposed * (1 - o.achievable_gbps / o.plateau_gbps)
-    elements = int(meta["ddp_bucket_size"] * o.plateau_bytes / o.median_bytes)
+    elements = int(o.plateau_bytes / per_element)
     e = [ev("DP all-reduce busbw achievable at its size", o.achievable_gbps, DP_CURVE_SHARE * o.plateau_gbps,
             "GB/s", "Collectives by axis, op and message size (diag bench curve)"),
          ev("exposed DP communication", exposed * 1e3, 0.0, "ms/step", "Communication by parallel axis")]
