@@ -143,3 +143,17 @@ def test_validation():
         simulate(Workload(num_layers=8, fwd_s_per_layer=1.0),
                  Config(pp=2, num_micro_batches=4, schedule="interleaved", virtual_stages=2), Links())
     assert math.isinf(Links().tp)
+
+
+def test_two_replicas_stand_for_many():
+    """The recommender simulates 2 DP replicas with the DP links slowed by the bus factor: the
+    step time equals the full simulation's (replicas are symmetric)."""
+    from dataclasses import replace as _replace
+    from diag.advise.calibrate import two_replicas
+    w = Workload(num_layers=4, fwd_s_per_layer=1e-3, tp_bytes_per_layer=4e6, p2p_bytes=2e6, grad_bytes=4e8)
+    links = Links(tp=200e9, pp=50e9, dp=25e9, latency_s=5e-6)
+    for overlap in (False, True):
+        c = Config(tp=2, pp=2, dp=8, num_micro_batches=4, overlap_grad_reduce=overlap, bucket_bytes=5e7)
+        small_c, small_links = two_replicas(c, links)
+        assert small_c.dp == 2 and small_links.dp == pytest.approx(25e9 / (2 * 7 / 8))
+        assert step_time(w, small_c, small_links) == pytest.approx(step_time(w, c, links), rel=1e-9)

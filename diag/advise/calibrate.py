@@ -18,7 +18,9 @@ from typing import Optional
 
 import numpy as np
 
+from ..analysis.bandwidth import bus_factor
 from ..analysis.results import Diagnosis
+from ..trace.kinds import Coll
 from .model import Config, Links, Workload, step_time
 
 BWD_RATIO = 2.0
@@ -47,7 +49,8 @@ class Calibration:
         return abs(self.model_step_s - self.measured_step_s) / self.measured_step_s
 
     def model(self, config: Config, workload: Optional[Workload] = None, slowdown: Optional[dict] = None) -> float:
-        return step_time(workload or self.workload, config, self.links,
+        config, links = two_replicas(config, self.links)
+        return step_time(workload or self.workload, config, links,
                          stage_slowdown=self.stage_slowdown if slowdown is None else slowdown)
 
     def predict(self, config: Config, workload: Optional[Workload] = None, slowdown: Optional[dict] = None) -> float:
@@ -56,6 +59,15 @@ class Calibration:
 
     def tokens_per_s(self, step_s: Optional[float]) -> Optional[float]:
         return self.tokens_per_step / step_s if self.tokens_per_step and step_s else None
+
+
+def two_replicas(config: Config, links: Links) -> tuple[Config, Links]:
+    """DP replicas run the same schedule, so simulate two: the simulation's cost grows with the
+    ranks simulated. The DP links are slowed by the bus factor 2(n-1)/n of the real n, so an
+    all-reduce over two takes exactly what it takes over n (nccl-tests: t = S * f(n) / busbw)."""
+    if config.dp <= 2:
+        return config, links
+    return replace(config, dp=2), replace(links, dp=links.dp / bus_factor(Coll.ALL_REDUCE, config.dp))
 
 
 def with_micro_batch(w: Workload, old: int, new: int) -> Workload:

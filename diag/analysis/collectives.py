@@ -187,15 +187,33 @@ def _exposed_each(exposed: iv.Intervals, start: np.ndarray, end: np.ndarray) -> 
     return iv.lengths_in_windows(exposed, start, end) if start.size else np.zeros(0, np.int64)
 
 
-def attribute_axes(rc: RankComms, grid: Optional[RankGrid]) -> None:
+@dataclass
+class GridIndex:
+    """The grid's groups, indexed once per job: member-rank key -> axis, and (rank, axis) -> group."""
+
+    grid: RankGrid
+    axis_of_key: dict
+    group_of: dict
+
+    @classmethod
+    def of(cls, grid: RankGrid) -> "GridIndex":
+        axis_of_key, group_of = {}, {}
+        for a in AXES:
+            for g in grid.groups(a):
+                key = ",".join(map(str, g))
+                if len(g) > 1:
+                    axis_of_key[key] = AXES.index(a)
+                for r in g:
+                    group_of[(r, a)] = (key, len(g))
+        return cls(grid, axis_of_key, group_of)
+
+
+def attribute_axes(rc: RankComms, index: Optional[GridIndex]) -> None:
     """With the grid known: axis from a group's member ranks, and a labelled op's group from its axis."""
-    if grid is None or rc.rank >= grid.world_size:
+    if index is None or rc.rank >= index.grid.world_size:
         return
-    by_key = {",".join(map(str, g)): AXES.index(a) for a in AXES for g in grid.groups(a) if len(g) > 1}
     for i, g in enumerate(rc.group):
-        if rc.axis[i] == AXIS_UNKNOWN and g in by_key:
-            rc.axis[i] = by_key[g]
+        if rc.axis[i] == AXIS_UNKNOWN and g in index.axis_of_key:
+            rc.axis[i] = index.axis_of_key[g]
         elif g is None and rc.axis[i] != AXIS_UNKNOWN and rc.coll[i] != Coll.SEND_RECV:
-            members = grid.group_of(rc.rank, AXES[rc.axis[i]])
-            rc.group[i] = ",".join(map(str, members))
-            rc.group_size[i] = len(members)
+            rc.group[i], rc.group_size[i] = index.group_of[(rc.rank, AXES[rc.axis[i]])]

@@ -12,7 +12,7 @@ from ..trace.job import Job
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
-from .collectives import RankComms, attribute_axes, gpu_comms, host_comms
+from .collectives import GridIndex, RankComms, attribute_axes, gpu_comms, host_comms
 from .commstats import axis_overlap, op_stats, rank_comm
 from .findings import findings
 from .gantt import pipeline_gantt
@@ -108,8 +108,9 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     passes = [_rank_pass(rt, top_n) for rt in job.ranks]
     ranks = [p[0] for p in passes]
     comms = [p[1] for p in passes]
+    index = GridIndex.of(grid) if grid else None
     for rc in comms:
-        attribute_axes(rc, grid)
+        attribute_axes(rc, index)
     devices = [r.device for r in ranks if r.device]
     ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps, bench) \
         if any(len(rc) for rc in comms) else None

@@ -24,7 +24,7 @@ from ..trace.kinds import Coll, Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
 from .breakdown import timeline_sets
-from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
+from .collectives import AXES, GridIndex, RankComms, attribute_axes, gpu_comms, host_comms
 from .hostlink import enclosing, launches
 from .steps import Window, gpu_window, host_steps, host_window
 
@@ -167,7 +167,7 @@ def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[RankGrid
         i = hits[0]
     sets = timeline_sets(rt.events, w, timeline)
     rc = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
-    attribute_axes(rc, grid)
+    attribute_axes(rc, GridIndex.of(grid) if grid else None)
     lo, hi = step_bounds(rt, w, timeline, i)
     parts = {**_compute_parts(rt, w, timeline, sets.compute), **_comm_parts(rc, sets.compute)}
     rank = int(rt.rank or 0)
