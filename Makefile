@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= trainer,hta,dashboard,bench,dev
 
-.PHONY: setup system-deps demo test bench clean
+.PHONY: setup system-deps demo test bench bench-scale clean
 
 # Debian packages the tests use for real: a headless browser for the dashboard test and a
 # Prometheus server (with promtool) for the metrics integration test.
@@ -55,6 +55,11 @@ bench: setup
 	  $(BIN)/python benchmarks/make_big_trace.py $(BENCH_SRC) bench_out/a100_nccl_x$$k.json --copies $$k; done
 	$(BIN)/python benchmarks/bench_analyze.py bench_out/a100_nccl_x6.json bench_out/a100_nccl_x12.json \
 	  --rounds 5 --out bench_out/bench_big.json
+
+# diag vs HTA as events per rank and ranks grow (synthesised jobs; see benchmarks/README.md)
+bench-scale: setup
+	@mkdir -p bench_out
+	$(BIN)/python benchmarks/bench_scale.py --out bench_out/bench_scale.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
