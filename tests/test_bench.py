@@ -65,11 +65,6 @@ def _curve(doc, axis, op):
     return np.array([r["bytes"] for r in rows], float), np.array([r["busbw"] for r in rows])
 
 
-def _slope(sizes, bw):
-    """Least-squares slope of log2(busbw) against log2(size): 1 latency-bound, 0 flat."""
-    return np.polyfit(np.log2(sizes), np.log2(bw), 1)[0]
-
-
 # --- the sweep ---------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_process_sweep_covers_ops_and_sizes(bench2):
@@ -88,14 +83,17 @@ def test_two_process_sweep_covers_ops_and_sizes(bench2):
 @pytest.mark.parametrize("op", OPS5.split(","))
 def test_busbw_rises_then_flattens(bench2, op):
     """Why these hold under noise: 1 KiB is latency-bound (~0.1-2 ms for almost no bytes)
-    and 4 MiB is copy-bound, so the real ratio is ~100x, far above 3x even with 3x noise at
-    each end; medians of 3 sizes absorb one outlier. The slope over 4 doublings at each end
-    (least squares over 5 points) is ~1 at the small end and ~0-0.4 at the large end."""
+    and 4 MiB is copy-bound, so busbw grows ~100x over the 4096x of sizes: far above 3x (it
+    rises) and far below the 4096x of a curve that never flattens; the bound used, the size
+    ratio to the power 0.75 (~512x), leaves room for 5x noise. Medians of 3 sizes absorb one
+    outlier. (Comparing the fitted slopes of the first and last 4 doublings, ~1 against
+    ~0-0.4, failed once under load: 5-point slopes are too noisy on 2 shared cores.)"""
     if op in {s["op"] for s in bench2["skipped"]}:
         pytest.skip(f"{op} skipped by the backend")
     sizes, bw = _curve(bench2, "dp", op)
-    assert np.median(bw[-3:]) >= 3 * np.median(bw[:3])
-    assert _slope(sizes[-5:], bw[-5:]) < _slope(sizes[:5], bw[:5])
+    growth = np.median(bw[-3:]) / np.median(bw[:3])
+    assert growth >= 3                                                   # rises
+    assert growth < (np.median(sizes[-3:]) / np.median(sizes[:3])) ** 0.75   # and flattens
 
 
 @pytest.mark.slow
