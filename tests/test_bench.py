@@ -45,7 +45,7 @@ def bench2(tmp_path_factory):
     """2 processes (DP=2) through `diag bench`, so the CLI wiring is tested too."""
     out = tmp_path_factory.mktemp("b2") / "bench.json"
     res = CliRunner().invoke(main, ["bench", "--nproc", "2", "--min-bytes", "1K",
-                                    "--max-bytes", "4M", "--iters", "10", "--warmup", "3",
+                                    "--max-bytes", "64M", "--iters", "10", "--warmup", "3",
                                     "--ops", OPS5, "--cpu", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output
@@ -76,24 +76,24 @@ def test_two_process_sweep_covers_ops_and_sizes(bench2):
         assert s["reason"]                        # a skipped op always says why
     assert {r["axis"] for r in bench2["results"]} == {"dp"}
     sizes, _ = _curve(bench2, "dp", "all_reduce")
-    assert list(sizes) == [1024 * 2 ** k for k in range(13)]  # 1 KiB .. 4 MiB, x2 steps
+    assert list(sizes) == [1024 * 2 ** k for k in range(17)]  # 1 KiB .. 64 MiB, x2 steps
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("op", OPS5.split(","))
 def test_busbw_rises_then_flattens(bench2, op):
-    """Why these hold under noise: 1 KiB is latency-bound (~0.1-2 ms for almost no bytes)
-    and 4 MiB is copy-bound, so busbw grows ~100x over the 4096x of sizes: far above 3x (it
-    rises) and far below the 4096x of a curve that never flattens; the bound used, the size
-    ratio to the power 0.75 (~512x), leaves room for 5x noise. Medians of 3 sizes absorb one
-    outlier. (Comparing the fitted slopes of the first and last 4 doublings, ~1 against
-    ~0-0.4, failed once under load: 5-point slopes are too noisy on 2 shared cores.)"""
+    """gloo on loopback, 2 processes on 2 cores (measured: 1 KiB-1 MiB latency-bound at 1-6 ms
+    with much jitter; a plateau of 0.7-1.0 GB/s from a few MiB). Rises: the top three sizes'
+    median busbw is >= 10x the bottom three's (measured ~1000x). Flattens: over the top three
+    sizes (16-64 MiB, a 4x span) busbw grows less than 2x, where a curve still rising linearly
+    would grow 4x (all_gather even drops there: its large buffers are copy-bound). (Comparing fitted slopes of the first and last doublings failed
+    once under load: too noisy.)"""
     if op in {s["op"] for s in bench2["skipped"]}:
         pytest.skip(f"{op} skipped by the backend")
     sizes, bw = _curve(bench2, "dp", op)
-    growth = np.median(bw[-3:]) / np.median(bw[:3])
-    assert growth >= 3                                                   # rises
-    assert growth < (np.median(sizes[-3:]) / np.median(sizes[:3])) ** 0.75   # and flattens
+    assert sizes[-1] == 64 << 20
+    assert np.median(bw[-3:]) >= 10 * np.median(bw[:3])                 # rises
+    assert bw[-1] < 2 * bw[-3]                                           # and flattens (may even drop)
 
 
 @pytest.mark.slow
