@@ -13,3 +13,12 @@ REAL_FOLDERS = sorted(d for d in os.listdir(DATA) if os.path.isdir(os.path.join(
 @pytest.fixture(params=REAL_FOLDERS)
 def real_folder(request):
     return os.path.join(DATA, request.param)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the fuzzing counts in every run's summary (pytest -q captures the tests' own output)."""
+    fuzz = sys.modules.get("test_fuzz_loader")
+    if fuzz is not None and fuzz.COUNT["cases"]:
+        c = fuzz.COUNT
+        terminalreporter.write_line(f"fuzz: {c['cases']} malformed-trace cases: {c['diagnosed']} diagnosed, "
+                                    f"{c['rejected']} rejected with a clear error, 0 other exceptions")
