@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -24,10 +23,9 @@ import torch
 import torch.distributed as dist
 
 from diag.analysis.bandwidth import busbw, algbw, message_bytes
-from diag.ports import free_port
 from diag.topology import Axis, RankGrid
 from diag.trace.kinds import Coll
-from instrumented_trainer.launch import _child_env, _terminate
+from instrumented_trainer.launch import spawn
 
 SCHEMA = "diag.collbench/1"
 DTYPE, DTYPE_BYTES = torch.float32, 4
@@ -260,29 +258,6 @@ def worker(args) -> int:
 
 
 # --- launching --------------------------------------------------------------------------------
-def spawn_self(nproc: int, argv: list[str]) -> int:
-    """Start nproc workers (torchrun's environment, launch.py's helpers); first failure wins."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "instrumented_trainer.collbench", *argv]
-    procs = [subprocess.Popen(cmd, env=_child_env(r, nproc, port, "collbench"))
-             for r in range(nproc)]
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                print(f"error: a collbench process exited with code {failed[0]}",
-                      file=sys.stderr)
-                _terminate(procs)
-                return failed[0] if failed[0] > 0 else 1
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        _terminate(procs)
-        return 130
-
-
 def _strip_nproc(argv: list[str]) -> list[str]:
     out, skip = [], False
     for a in argv:
@@ -319,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser().error(f"unknown op(s) {bad}; choose from {','.join(OPS)}")
     if args.nproc and "RANK" not in os.environ:
-        return spawn_self(args.nproc, _strip_nproc(argv))
+        return spawn(args.nproc, _strip_nproc(argv), "collbench", module="instrumented_trainer.collbench",
+                     what="collbench")
     return worker(args)
 
 

@@ -38,10 +38,11 @@ def _terminate(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             p.wait()
 
 
-def spawn(world: int, argv: list[str], command: str) -> int:
-    """Run `world` trainer processes; 0 if all succeed, else the first failure's code."""
+def spawn(world: int, argv: list[str], command: str, module: str = "instrumented_trainer",
+          what: str = "trainer") -> int:
+    """Run `world` processes of `python -m module`; 0 if all succeed, else the first failure's code."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "instrumented_trainer", *argv],
+    procs = [subprocess.Popen([sys.executable, "-m", module, *argv],
                               env=_child_env(rank, world, port, command))
              for rank in range(world)]
     try:
@@ -49,7 +50,7 @@ def spawn(world: int, argv: list[str], command: str) -> int:
             codes = [p.poll() for p in procs]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
-                print(f"error: a trainer process exited with code {failed[0]}; stopping the "
+                print(f"error: a {what} process exited with code {failed[0]}; stopping the "
                       f"others", file=sys.stderr)
                 _terminate(procs)
                 return failed[0] if failed[0] > 0 else 1
