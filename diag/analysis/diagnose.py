@@ -9,7 +9,6 @@ import numpy as np
 
 from ..topology import RankGrid
 from ..trace.job import Job
-from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import GridIndex, RankComms, attribute_axes, gpu_comms, host_comms
@@ -22,7 +21,7 @@ from .pipeline import pipeline
 from .rates import throughput
 from .results import CommAnalysis, Diagnosis, Problem, RankResult, StepTime
 from .stragglers import collective_stragglers, step_stragglers
-from .steps import gpu_window, host_steps, host_window
+from .steps import window_of
 
 
 def device_name(rt: RankTrace) -> Optional[str]:
@@ -43,13 +42,8 @@ def analyse_rank(rt: RankTrace, top_n: int = 10) -> RankResult:
 
 def _rank_pass(rt: RankTrace, top_n: int):
     t = rt.events
-    steps = host_steps(t)
-    timeline = "gpu" if rt.has_gpu else "host"
-    if timeline == "gpu":
-        w = gpu_window(t, steps)
-    else:
-        host_rows = np.flatnonzero(t.mask(Kind.CPU_OP, Kind.ANNOTATION) & ~t.name_mask(lambda s: s.startswith("ProfilerStep")))
-        w = host_window(t, host_rows, steps)
+    timeline, w = window_of(rt)
+    steps = w.steps
     sets = timeline_sets(t, w, timeline)
     breakdown, overlap = analyse_timeline(sets, w, timeline)
     exposed = exposed_comm_by_step(t, w, sets)

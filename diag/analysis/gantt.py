@@ -26,7 +26,7 @@ from . import intervals as iv
 from .breakdown import timeline_sets
 from .collectives import AXES, GridIndex, RankComms, attribute_axes, gpu_comms, host_comms
 from .hostlink import enclosing, launches
-from .steps import Window, gpu_window, host_steps, host_window
+from .steps import Window, window_of
 
 KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")
 _BACKWARD = "autograd::engine::evaluate_function"
@@ -63,16 +63,6 @@ class PipelineGantt:
     note: str = ("one rank per stage (tp 0, dp 0), the same ProfilerStep on each; times from each rank's "
                  "own step start; communication under compute is hidden and not drawn; idle gaps under "
                  "0.2% of the step drawn as their neighbours")
-
-
-def window_of(rt: RankTrace) -> tuple[str, Window]:
-    """The rank's timeline and analysis window, as diagnose() builds them."""
-    t, steps = rt.events, host_steps(rt.events)
-    if rt.has_gpu:
-        return "gpu", gpu_window(t, steps)
-    step_rows = t.name_mask(lambda s: s.startswith("ProfilerStep"))
-    host_rows = np.flatnonzero(t.mask(Kind.CPU_OP, Kind.ANNOTATION) & ~step_rows)
-    return "host", host_window(t, host_rows, steps)
 
 
 def _spans(t, name_prefix: str) -> iv.Intervals:

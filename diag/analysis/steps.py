@@ -90,3 +90,13 @@ def _step_of(steps: StepSpans, times: np.ndarray) -> np.ndarray:
     i = np.searchsorted(steps.start_ns, times, side="right") - 1
     inside = (i >= 0) & (times < steps.end_ns[np.maximum(i, 0)])
     return np.where(inside, i, -1)
+
+
+def window_of(rt) -> tuple[str, Window]:
+    """A rank's timeline ("gpu" or "host") and its analysis window."""
+    t, steps = rt.events, host_steps(rt.events)
+    if rt.has_gpu:
+        return "gpu", gpu_window(t, steps)
+    step_rows = t.name_mask(lambda s: s.startswith("ProfilerStep"))
+    host_rows = np.flatnonzero(t.mask(Kind.CPU_OP, Kind.ANNOTATION) & ~step_rows)
+    return "host", host_window(t, host_rows, steps)
