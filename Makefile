@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The stamp changes with pyproject.toml, so editing dependencies re-runs the install.
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-EXTRAS ?= trainer,hta,dashboard,bench,dev
+EXTRAS ?= trainer,hta,dashboard,bench,cluster,dev
 
 .PHONY: setup system-deps demo test bench bench-scale clean
 

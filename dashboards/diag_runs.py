@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from diag.analysis import diagnose
-from diag.analysis.diagnose import job_grid
-from diag.analysis.gantt import PipelineGantt, pipeline_gantt
+from diag.analysis.gantt import PipelineGantt
 from diag.analysis.results import Diagnosis
 from diag.trace import load_job
 from diag.trace.job import NOT_TRACES, RUN_METADATA, TRACE_SUFFIXES, trace_files
@@ -162,7 +161,7 @@ def load_run(path: Path, label: str, cache: OrderedDict,
     d = diagnose(job)
     advice, cal = advise_run(d)
     run = LoadedRun(label=label, path=str(path), diagnosis=d, advice=advice, calibration=cal,
-                    gantt=pipeline_gantt(job.ranks, job_grid(job, None, None)))
+                    gantt=d.gantt)
     cache[key] = run
     while len(cache) > CACHE_RUNS:
         cache.popitem(last=False)

@@ -15,7 +15,7 @@ from .trace.errors import TraceError
 
 
 
-def _progress():
+def _progress(what: str = "loading traces"):
     """A progress bar on stderr when it is a terminal; nothing when piped."""
     if not sys.stderr.isatty():
         return None, None
@@ -25,7 +25,7 @@ def _progress():
     con = Console(stderr=True)
     if not con.is_terminal:
         return None, None
-    bar = Progress(TextColumn("loading traces"), BarColumn(), MofNCompleteColumn(),
+    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.description}"), console=con, transient=True)
     task = bar.add_task("", total=None)
 
@@ -44,6 +44,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "tune": "diag.advise.commands:tune",
     "dashboard": "diag.dashboard_cmd:dashboard",
     "bench": "diag.bench_cmd:bench",
+    "summarize": "diag.summarize_cmd:summarize",
 }
 
 
@@ -106,24 +107,30 @@ def main() -> None:
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), default=None,
               help="A `diag bench` result: set each collective against the busbw measured on its axis at its "
                    "size (default: diag_bench.json next to the traces, if there is one).")
+@click.option("--no-summaries", is_flag=True,
+              help="Analyse every trace even where `diag summarize` left a summary (*.diagsum) of it.")
 def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp, pp, link_gbps, peak_tflops,
-            bench_path, **shape) -> None:
+            bench_path, no_summaries: bool, **shape) -> None:
     """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
 
-    Run facts (sizes, batch, model shape) come from the trainer's diag_run.json next to the
-    traces; the flags override them, and what neither gives is reported as unknown.
+    Where a rank's summary (`diag summarize`, or the trainer's own) sits next to its trace and
+    was made from it, the summary is used instead of parsing the trace again; a directory of
+    summaries alone (the traces left on the cluster) is analysed too. Run facts (sizes, batch,
+    model shape) come from the trainer's diag_run.json next to the traces; the flags override
+    them, and what neither gives is reported as unknown.
     """
     from .analysis import diagnose
+    from .analysis.collect import load_summaries
     from .report import render
-    from .trace import load_job
 
     bar, update = _progress()
+    kw = dict(strict=strict, top_n=top, use_summaries=not no_summaries)
     try:
         if bar:
             with bar:
-                job = load_job(path, strict=strict, progress=update)
+                job = load_summaries(path, progress=update, **kw)
         else:
-            job = load_job(path, strict=strict)
+            job = load_summaries(path, **kw)
     except TraceError as e:
         click.echo(f"diag: error: {e}", err=True)
         sys.exit(2)

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-wait", type=int, default=1)
     g.add_argument("--profile-warmup", type=int, default=1)
     g.add_argument("--profile-active", type=int, default=2)
+    g.add_argument("--trace-summary", action=argparse.BooleanOptionalAction, default=True,
+                   help="each rank summarises its own trace when the profiler finishes (a niced "
+                        "`diag summarize` subprocess), so `diag analyze` need not parse it again")
     g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="sample device/host metrics in a background thread")
     g.add_argument("--metrics-interval", type=float, default=1.0, help="seconds")
@@ -85,6 +88,7 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                   profile_wait=args.profile_wait,
                                   profile_warmup=args.profile_warmup,
                                   profile_active=args.profile_active,
+                                  trace_summary=args.trace_summary,
                                   metrics=args.metrics, metrics_interval=args.metrics_interval,
                                   comm_log=args.comm_log,
                                   prometheus_port=args.prometheus_port,

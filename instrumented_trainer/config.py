@@ -104,6 +104,7 @@ class TelemetryConfig:
     profile_wait: int = 1
     profile_warmup: int = 1
     profile_active: int = 2
+    trace_summary: bool = True  # each rank summarises its trace (`diag summarize`) when written
     metrics: bool = True
     metrics_interval: float = 1.0
     comm_log: bool = True

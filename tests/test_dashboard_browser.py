@@ -16,8 +16,6 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from diag.analysis import diagnose  # noqa: E402
-from diag.analysis.diagnose import job_grid  # noqa: E402
-from diag.analysis.gantt import pipeline_gantt  # noqa: E402
 from diag.dashboard_cmd import free_port  # noqa: E402
 from diag.report.html import render_html  # noqa: E402
 from diag.trace import load_job  # noqa: E402
@@ -81,7 +79,7 @@ def test_html_report_opens_without_console_errors(tmp_path):
     job = load_job(SAMPLE)
     d = diagnose(job)
     page = tmp_path / "report.html"
-    page.write_text(render_html(d, pipeline_gantt(job.ranks, job_grid(job, None, None))), encoding="utf-8")
+    page.write_text(render_html(d, d.gantt), encoding="utf-8")
     with chromium() as driver:
         driver.get(page.as_uri())
         WebDriverWait(driver, 60).until(

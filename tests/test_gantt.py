@@ -7,8 +7,8 @@ import pytest
 
 from kineto import TraceBuilder
 
-from diag.analysis.diagnose import job_grid
-from diag.analysis.gantt import KINDS, Segment, coalesce, pipeline_gantt, rank_step
+from diag.analysis import diagnose
+from diag.analysis.gantt import KINDS, Segment, coalesce, rank_step
 from diag.trace import load_job
 from diag.trace.job import load_rank
 
@@ -85,7 +85,7 @@ def test_coalesce_joins_short_gaps_between_one_kind():
 
 def test_sample_pipeline_one_row_per_stage():
     job = load_job(os.path.join(ROOT, "sample_traces", "tp2_pp2_dp2"))
-    g = pipeline_gantt(job.ranks, job_grid(job, None, None))
+    g = diagnose(job).gantt
     assert [(r.stage, r.rank) for r in g.rows] == [(0, 0), (1, 4)]    # tp 0, dp 0 of each stage
     assert g.timeline == "host" and len({r.step for r in g.rows}) == 1
     for r in g.rows:

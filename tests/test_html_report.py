@@ -13,7 +13,7 @@ from plotly.offline import get_plotlyjs_version
 
 from diag.analysis import diagnose
 from diag.analysis.diagnose import job_grid
-from diag.analysis.gantt import pipeline_gantt
+from diag.analysis.gantt import rank_step
 from diag.cli import main
 from diag.report.html import render_html
 from diag.trace import load_job
@@ -43,9 +43,14 @@ def test_cli_writes_a_self_contained_report(tmp_path):
 def test_report_holds_the_diagnosis_numbers():
     job = load_job(SAMPLE)
     d = diagnose(job)
-    gantt = pipeline_gantt(job.ranks, job_grid(job, None, None))
-    assert d.gantt == gantt          # diagnose() already carries the same Gantt
-    page = render_html(d, gantt)
+    grid = job_grid(job, None, None)
+    by_rank = {rt.rank: rt for rt in job.ranks}
+    # diagnose() carries the Gantt, made from the per-rank summaries; each row equals the one
+    # made straight from that rank's trace
+    assert d.gantt.rows and all(
+        row == rank_step(by_rank[row.rank], step=row.step, grid=grid, min_idle_fraction=0.002)
+        for row in d.gantt.rows)
+    page = render_html(d, d.gantt)
     assert _charts(page) == 6        # and the pipeline Gantt
     assert f"step {d.throughput.step_time_s * 1e3:,.1f} ms" in page
     for r in d.ranks:

@@ -170,7 +170,7 @@ def _pair_with_labels(t, rows, coll, nbytes, label_rows) -> np.ndarray:
 def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute) -> RankComms:
     start, end = t.ts_ns[rows], t.end_ns[rows]
     exposed_set = iv.subtract(iv.merge(start, end), compute)
-    return RankComms(rank=int(rank), coll=coll.astype(np.int8), axis=axis.astype(np.int8), group=group,
+    return RankComms(rank=int(rank) if rank is not None else -1, coll=coll.astype(np.int8), axis=axis.astype(np.int8), group=group,
                      group_size=size.astype(np.int32), nbytes=nbytes.astype(np.int64), start_ns=start,
                      dur_ns=t.dur_ns[rows], exposed_ns=_exposed_each(exposed_set, start, end),
                      step=step.astype(np.int64), compute=compute)

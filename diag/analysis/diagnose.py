@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from collections import Counter
 from typing import Optional
 
 import numpy as np
@@ -10,59 +9,26 @@ import numpy as np
 from ..topology import RankGrid
 from ..trace.job import Job
 from ..trace.table import RankTrace
-from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
-from .collectives import GridIndex, RankComms, attribute_axes, gpu_comms, host_comms
+from .collectives import GridIndex, RankComms, attribute_axes
 from .commstats import axis_overlap, op_stats, rank_comm
 from .findings import findings
 from .gantt import pipeline_gantt
-from .kernels import top_kernels
 from .matching import match
 from .pipeline import pipeline
 from .rates import throughput
-from .results import CommAnalysis, Diagnosis, Problem, RankResult, StepTime
+from .rankpass import RankSummary, summarize
+from .results import CommAnalysis, Diagnosis, Problem, RankResult
 from .stragglers import collective_stragglers, step_stragglers
-from .steps import window_of
-
-
-def device_name(rt: RankTrace) -> Optional[str]:
-    t = rt.events
-    gpu = t.device[t.gpu_mask()]
-    if gpu.size == 0:
-        return None
-    dev = int(Counter(gpu.tolist()).most_common(1)[0][0])
-    for d in rt.devices:
-        if isinstance(d, dict) and d.get("id") == dev and isinstance(d.get("name"), str):
-            return d["name"]
-    return f"GPU {dev} (no deviceProperties)"
 
 
 def analyse_rank(rt: RankTrace, top_n: int = 10) -> RankResult:
-    return _rank_pass(rt, top_n)[0]
+    return summarize(rt, top_n).result
 
 
-def _rank_pass(rt: RankTrace, top_n: int):
-    t = rt.events
-    timeline, w = window_of(rt)
-    steps = w.steps
-    sets = timeline_sets(t, w, timeline)
-    breakdown, overlap = analyse_timeline(sets, w, timeline)
-    exposed = exposed_comm_by_step(t, w, sets)
-    in_window = set(np.unique(w.step_index[w.step_index >= 0]).tolist())
-    step_list = [StepTime(number=int(steps.number[i]),
-                          host_s=float(steps.end_ns[i] - steps.start_ns[i]) * 1e-9,
-                          in_window=i in in_window, exposed_comm_s=exposed.get(i))
-                 for i in range(len(steps))]
-    notes = []
-    if w.excluded_rows:
-        notes.append(f"{w.excluded_rows} {timeline} events left out of the window: {w.excluded_why}")
-    notes += [f"{n} {what}" for what, n in rt.skipped.items()]
-    comms = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
-    return RankResult(
-        rank=int(rt.rank), file=rt.path, device=device_name(rt), timeline=timeline,
-        breakdown=breakdown, overlap=overlap, steps=step_list,
-        step_time_s=float(np.median([s.host_s for s in step_list])) if step_list else None,
-        top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
-        events=len(t), excluded_events=w.excluded_rows, notes=notes), comms
+def summaries_of(job: Job, top_n: int = 10) -> list[RankSummary]:
+    """The per-rank pass of each rank: made here from loaded traces, or already made (a Job of
+    RankSummary, from analysis.collect) and cut to top_n kernels."""
+    return [rt.with_top(top_n) if isinstance(rt, RankSummary) else summarize(rt, top_n) for rt in job.ranks]
 
 
 def job_grid(job: Job, tp: Optional[int], pp: Optional[int]) -> Optional[RankGrid]:
@@ -99,9 +65,9 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     bench: a `diag bench` busbw curve (analysis.benchcurve) to set each collective against."""
     meta = {**(job.run_meta or {}), **{k: v for k, v in (shape or {}).items() if v is not None}}
     grid = job_grid(job, tp, pp)
-    passes = [_rank_pass(rt, top_n) for rt in job.ranks]
-    ranks = [p[0] for p in passes]
-    comms = [p[1] for p in passes]
+    summaries = summaries_of(job, top_n)
+    ranks = [s.result for s in summaries]
+    comms = [s.comms for s in summaries]
     index = GridIndex.of(grid) if grid else None
     for rc in comms:
         attribute_axes(rc, index)
@@ -117,7 +83,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         problems=[Problem(p.path, p.problem) for p in job.problems],
         other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca),
         pipeline=pipeline(grid, meta, ranks, comms), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
-    d.gantt = pipeline_gantt(job.ranks, grid)
+    d.gantt = pipeline_gantt([(s.gantt, s.comms) for s in summaries], grid)
     from ..advise.recommend import recommend     # imported here: the recommender is not the analyser's cost
     try:
         d.recommendations = recommend(d)

@@ -96,6 +96,31 @@ def _comm_parts(rc: RankComms, compute: iv.Intervals) -> dict:
     return {"send/recv": pp, "collective": other}
 
 
+@dataclass
+class GanttInput:
+    """What the Gantt needs of one rank, made by its per-rank pass (no grid needed, so a rank can
+    summarise itself): its in-window steps and how its compute splits into forward / backward /
+    optimizer. Communication comes from the rank's RankComms, attributed to axes at the merge."""
+
+    timeline: str                      # "gpu" | "host"
+    number: np.ndarray                 # in-window steps, in order: N of ProfilerStep#N
+    host_ns: np.ndarray                # host span length of each (picks the median step)
+    lo_ns: np.ndarray                  # [lo, hi) of each on the timeline
+    hi_ns: np.ndarray
+    backward: iv.Intervals = iv.EMPTY
+    optimizer: iv.Intervals = iv.EMPTY
+
+
+def gantt_input(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) -> GanttInput:
+    idx = np.unique(w.step_index[w.step_index >= 0])
+    bounds = [step_bounds(rt, w, timeline, int(i)) for i in idx]
+    parts = _compute_parts(rt, w, timeline, compute) if idx.size else {}
+    return GanttInput(timeline=timeline, number=w.steps.number[idx].astype(np.int64),
+                      host_ns=(w.steps.end_ns[idx] - w.steps.start_ns[idx]).astype(np.int64),
+                      lo_ns=np.array([b[0] for b in bounds], np.int64), hi_ns=np.array([b[1] for b in bounds], np.int64),
+                      backward=parts.get("backward", iv.EMPTY), optimizer=parts.get("optimizer", iv.EMPTY))
+
+
 def step_bounds(rt: RankTrace, w: Window, timeline: str, i: int) -> tuple[int, int]:
     """[start, end) of step index i: the host's ProfilerStep span, or on a GPU the span of its kernels."""
     if timeline == "host":
@@ -138,39 +163,49 @@ def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
     return out
 
 
-def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[RankGrid] = None,
-              min_idle_fraction: float = 0.0) -> Optional[StageStep]:
+def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Optional[RankGrid] = None,
+             min_idle_fraction: float = 0.0) -> Optional[StageStep]:
     """One step of one rank as segments; step is a ProfilerStep number (default: the median-length
-    step in the analysis window). None when the trace has no such step. Idle gaps shorter than
-    min_idle_fraction of the step are drawn as their neighbours (see coalesce)."""
-    timeline, w = window_of(rt)
-    in_window = np.unique(w.step_index[w.step_index >= 0])
-    if in_window.size == 0:
+    step in the analysis window). None when the rank has no such step. rc: the rank's
+    communication, attributed to axes with the grid. Idle gaps shorter than min_idle_fraction of
+    the step are drawn as their neighbours (see coalesce)."""
+    if gi.number.size == 0:
         return None
     if step is None:
-        lengths = w.steps.end_ns[in_window] - w.steps.start_ns[in_window]
-        i = int(in_window[np.argsort(lengths, kind="stable")[(in_window.size - 1) // 2]])
+        i = int(np.argsort(gi.host_ns, kind="stable")[(gi.number.size - 1) // 2])
     else:
-        hits = [int(i) for i in in_window if int(w.steps.number[i]) == step]
-        if not hits:
+        hits = np.flatnonzero(gi.number == step)
+        if hits.size == 0:
             return None
-        i = hits[0]
+        i = int(hits[0])
+    compute = rc.compute
+    bwd, opt = gi.backward, gi.optimizer
+    fwd = iv.subtract(compute, iv.merge(np.concatenate([bwd[0], opt[0]]), np.concatenate([bwd[1], opt[1]])))
+    parts = {"backward": bwd, "optimizer": opt, "forward": fwd, **_comm_parts(rc, compute)}
+    lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
+    stage = grid.coords(rc.rank).pp_rank if grid and rc.rank < grid.world_size else None
+    segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
+    return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs)
+
+
+def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[RankGrid] = None,
+              min_idle_fraction: float = 0.0) -> Optional[StageStep]:
+    """step_row of one loaded trace (its per-rank pass made here)."""
+    timeline, w = window_of(rt)
     sets = timeline_sets(rt.events, w, timeline)
     rc = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
+    rc.rank = int(rt.rank or 0)
     attribute_axes(rc, GridIndex.of(grid) if grid else None)
-    lo, hi = step_bounds(rt, w, timeline, i)
-    parts = {**_compute_parts(rt, w, timeline, sets.compute), **_comm_parts(rc, sets.compute)}
-    rank = int(rt.rank or 0)
-    stage = grid.coords(rank).pp_rank if grid and rank < grid.world_size else None
-    segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
-    return StageStep(rank=rank, stage=stage, step=int(w.steps.number[i]), step_s=(hi - lo) * NS, segments=segs)
+    return step_row(gantt_input(rt, w, timeline, sets.compute), rc, step, grid, min_idle_fraction)
 
 
-def pipeline_gantt(ranks: list[RankTrace], grid: Optional[RankGrid], max_rows: int = 16,
+def pipeline_gantt(ranks: list, grid: Optional[RankGrid], max_rows: int = 16,
                    min_idle_fraction: float = 0.002) -> PipelineGantt:
     """One step of one rank per pipeline stage (tp 0, dp 0 where loaded); every loaded rank
-    (up to max_rows) when the grid is unknown. All rows show the same ProfilerStep number."""
-    by_rank = {int(rt.rank): rt for rt in ranks if rt.rank is not None}
+    (up to max_rows) when the grid is unknown. All rows show the same ProfilerStep number.
+
+    ranks: (GanttInput, RankComms) per rank, the comms attributed to axes with `grid`."""
+    by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
     if grid is not None:
         picks = []
         for s in range(grid.pp):
@@ -181,17 +216,17 @@ def pipeline_gantt(ranks: list[RankTrace], grid: Optional[RankGrid], max_rows: i
                 picks.append(pick)
     else:
         picks = sorted(by_rank)[:max_rows]
-    timeline = "gpu" if any(by_rank[r].has_gpu for r in picks) else "host"
+    timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"
     out = PipelineGantt(timeline=timeline)
     if grid is None:
         out.note = out.note.replace("one rank per stage (tp 0, dp 0)", f"the first {max_rows} ranks (grid unknown)")
     kw = {"grid": grid, "min_idle_fraction": min_idle_fraction}
-    first = rank_step(by_rank[picks[0]], **kw) if picks else None
+    first = step_row(*by_rank[picks[0]], **kw) if picks else None
     if first is None:
         return out
     out.rows.append(first)
     for r in picks[1:]:
-        row = rank_step(by_rank[r], step=first.step, **kw) or rank_step(by_rank[r], **kw)
+        row = step_row(*by_rank[r], step=first.step, **kw) or step_row(*by_rank[r], **kw)
         if row is not None:
             out.rows.append(row)
     return out

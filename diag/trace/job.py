@@ -23,6 +23,7 @@ from .table import RankTrace
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
 NOT_TRACES = {"diag_run.json", "hta_reference.json"}
+SUMMARY_SUFFIX = ".diagsum"           # analysis.summary_file.SUFFIX: a rank's summary, not a trace
 RUN_METADATA = "diag_run.json"
 # Ranks of one run start their profilers within seconds of each other (same schedule);
 # two runs in one folder are minutes apart. Clocks of different hosts may differ too.
@@ -76,21 +77,27 @@ def _one_process_each() -> None:
     os.environ["DIAG_WORKERS"] = "1"        # a rank's own chunks stay in its worker: no nested pools
 
 
-def _load_each(files: list[str]):
-    """(path, RankTrace or None, problem) per file, in order; files spread over the cores.
+def each_file(fn: Callable, items: list, sizes: list[int]):
+    """fn(item) for each item, in order, spread over the cores when the job is big enough.
 
-    Each worker holds one file at a time, so memory grows with the workers, not the ranks.
+    Each worker holds one file at a time and sends back fn's (compact) result, so memory grows
+    with the workers, not the ranks. sizes: bytes on disk per item.
     """
-    n = min(workers(), len(files))
+    n = min(workers(), len(items))
     # A pool costs ~0.1 s: it pays off from a few dozen rank files (measured: 13-16% faster at 64
     # and 256 small gzipped ranks on 2 cores) or a few big ones; DIAG_WORKERS forces either way.
-    big = len(files) >= PARALLEL_MIN_FILES or (len(files) >= 4 and sum(map(file_size, files)) >= PARALLEL_MIN_BYTES)
+    big = len(items) >= PARALLEL_MIN_FILES or (len(items) >= 4 and sum(sizes) >= PARALLEL_MIN_BYTES)
     if n < 2 or not (big or os.environ.get("DIAG_WORKERS")) \
             or "fork" not in multiprocessing.get_all_start_methods():
-        yield from map(_try_load, files)
+        yield from map(fn, items)
         return
     with multiprocessing.get_context("fork").Pool(n, initializer=_one_process_each) as pool:
-        yield from pool.imap(_try_load, files)
+        yield from pool.imap(fn, items)
+
+
+def _load_each(files: list[str]):
+    """(path, RankTrace or None, problem) per file, in order."""
+    yield from each_file(_try_load, files, [file_size(f) for f in files])
 
 
 def trace_files(directory: str) -> list[str]:
@@ -131,6 +138,12 @@ def load_job(path: str, strict: bool = False,
             raise TraceError(problems[0].path, problems[0].problem)
         raise TraceError(path, f"none of the {len(files)} trace files could be read "
                                f"(first: {os.path.basename(problems[0].path)}: {problems[0].problem})")
+    return assemble(path, loaded, problems, meta_dir, strict)
+
+
+def assemble(path: str, loaded: list, problems: list[FileProblem], meta_dir: str, strict: bool) -> Job:
+    """A Job of the ranks loaded (RankTrace, or anything with the same path, rank, world_size
+    and start_epoch_us: analysis.rankpass.RankSummary): runs told apart, run metadata read."""
     job = Job(source=str(path), ranks=[], problems=problems)
     _assign_runs(job, loaded)
     job.run_meta = _read_run_meta(meta_dir, job, strict)
@@ -162,7 +175,10 @@ def _assign_runs(job: Job, loaded: list[RankTrace]) -> None:
     used = {r.rank for r in main if r.rank is not None}
     free = (i for i in range(len(main) + len(used) + 1) if i not in used)
     for r in unranked:
-        r.rank = next(free)
+        if hasattr(r, "set_rank"):
+            r.set_rank(next(free))
+        else:
+            r.rank = next(free)
         job.notes.append(f"{os.path.basename(r.path)}: no distributedInfo, rank unknown; shown as rank {r.rank}")
     job.ranks = sorted(main, key=lambda r: r.rank)
 

@@ -3,15 +3,25 @@
 The analyser reads `<out>/rank-<r>.pt.trace.json.gz`; steps are marked with `prof.step()` so the
 trace holds `ProfilerStep#N` ranges. Any profiler failure (start, step, export) disables the
 profiler with one warning and training goes on: a run without a trace is worth more than no run.
+
+When the trace is written, the rank summarises it (`diag summarize`, the per-rank pass of the
+analysis) in a niced subprocess, so the work of analysing a big job is spread over its own nodes
+and `diag analyze` merges the summaries in seconds. The subprocess never holds the GIL of the
+training process; at exit the session waits for it (SUMMARY_WAIT_S at most). If it fails or is
+late, one warning: `diag analyze` then reads the trace itself.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import torch
 
 from .safe import guard, warn_once
+
+SUMMARY_WAIT_S = 120.0
 
 
 def trace_path(out: str, rank: int) -> str:
@@ -29,6 +39,7 @@ class ProfilerSession:
         self.factory = factory or torch.profiler.profile
         self.prof = None
         self.exported: str | None = None
+        self.summarizer: subprocess.Popen | None = None
 
     def _export(self, prof) -> None:
         with guard("profiler export"):
@@ -44,6 +55,24 @@ class ProfilerSession:
                 if os.path.exists(partial):
                     os.remove(partial)
             self.exported = path
+        if self.exported and getattr(self.cfg, "trace_summary", False):
+            with guard("trace summary"):
+                self.summarizer = subprocess.Popen(
+                    [sys.executable, "-m", "diag", "summarize", "--quiet", "--nice", "10", "--shard", "0/1",
+                     self.exported], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def _wait_summary(self) -> None:
+        proc, self.summarizer = self.summarizer, None
+        if proc is None:
+            return
+        with guard("trace summary"):
+            try:
+                rc = proc.wait(timeout=SUMMARY_WAIT_S)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"not done after {SUMMARY_WAIT_S:.0f} s; left running "
+                                   "(diag analyze reads the trace itself if it does not finish)") from None
+            if rc != 0:
+                raise RuntimeError(f"`diag summarize` exited {rc}; diag analyze will read the trace itself")
 
     def __enter__(self) -> "ProfilerSession":
         if not self.cfg.profile:
@@ -81,3 +110,4 @@ class ProfilerSession:
 
     def __exit__(self, *exc) -> None:
         self._stop()
+        self._wait_summary()

@@ -1,0 +1,4 @@
+"""`python -m diag ...`: the same as the `diag` command."""
+from .cli import main
+
+main()

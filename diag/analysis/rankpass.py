@@ -1,0 +1,96 @@
+"""The per-rank pass: one rank's trace in, a compact RankSummary out.
+
+Everything `diagnose` needs of a rank that does not depend on the other ranks is computed
+here, from that rank's trace alone: its breakdown, overlap, steps and top kernels
+(RankResult), its communication instances with their exposure (RankComms), and the inputs of
+its pipeline-Gantt row (GanttInput). The merge (diagnose) combines the summaries of all ranks
+and never looks at a trace again, so a summary can be computed anywhere: in a worker process,
+on the node that wrote the trace (`diag summarize`), or by the trainer itself when its profiler
+finishes. Summaries are about 150 times smaller than their traces (see summary_file).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..trace.table import RankTrace
+from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
+from .collectives import RankComms, gpu_comms, host_comms
+from .gantt import GanttInput, gantt_input
+from .kernels import top_kernels
+from .results import RankResult, StepTime
+from .steps import window_of
+
+# Kernels kept per rank in a summary written to disk: `--top` up to this can use the summary.
+KEEP_KERNELS = 50
+
+
+@dataclass
+class RankSummary:
+    """One rank's share of a diagnosis, and what the job-level merge needs to know of its file."""
+
+    path: str                          # the trace it was made from, as given then
+    rank: Optional[int]                # from distributedInfo; None when the trace lacks it
+    world_size: Optional[int]
+    backend: Optional[str]
+    start_epoch_us: Optional[float]    # wall-clock start: tells two runs in one folder apart
+    top_n: int                         # kernels kept in result.top_kernels (at most)
+    result: RankResult
+    comms: RankComms
+    gantt: GanttInput
+
+    def set_rank(self, rank: int) -> None:
+        """The rank a trace without distributedInfo is shown as (chosen by the merge)."""
+        self.rank = self.result.rank = self.comms.rank = int(rank)
+
+    def with_top(self, n: int) -> "RankSummary":
+        if n < len(self.result.top_kernels):
+            self.result.top_kernels = self.result.top_kernels[:n]
+        self.top_n = min(self.top_n, n)
+        return self
+
+
+def device_name(rt: RankTrace) -> Optional[str]:
+    t = rt.events
+    gpu = t.device[t.gpu_mask()]
+    if gpu.size == 0:
+        return None
+    dev = int(Counter(gpu.tolist()).most_common(1)[0][0])
+    for d in rt.devices:
+        if isinstance(d, dict) and d.get("id") == dev and isinstance(d.get("name"), str):
+            return d["name"]
+    return f"GPU {dev} (no deviceProperties)"
+
+
+def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
+    """The per-rank pass. A pure function of the one trace: no grid, no other rank."""
+    t = rt.events
+    rank = int(rt.rank) if rt.rank is not None else -1     # set by the merge when unknown
+    timeline, w = window_of(rt)
+    steps = w.steps
+    sets = timeline_sets(t, w, timeline)
+    breakdown, overlap = analyse_timeline(sets, w, timeline)
+    exposed = exposed_comm_by_step(t, w, sets)
+    in_window = set(np.unique(w.step_index[w.step_index >= 0]).tolist())
+    step_list = [StepTime(number=int(steps.number[i]),
+                          host_s=float(steps.end_ns[i] - steps.start_ns[i]) * 1e-9,
+                          in_window=i in in_window, exposed_comm_s=exposed.get(i))
+                 for i in range(len(steps))]
+    notes = []
+    if w.excluded_rows:
+        notes.append(f"{w.excluded_rows} {timeline} events left out of the window: {w.excluded_why}")
+    notes += [f"{n} {what}" for what, n in rt.skipped.items()]
+    comms = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
+    comms.rank = rank
+    result = RankResult(
+        rank=rank, file=rt.path, device=device_name(rt), timeline=timeline,
+        breakdown=breakdown, overlap=overlap, steps=step_list,
+        step_time_s=float(np.median([s.host_s for s in step_list])) if step_list else None,
+        top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
+        events=len(t), excluded_events=w.excluded_rows, notes=notes)
+    return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
+                       start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
+                       gantt=gantt_input(rt, w, timeline, sets.compute))
