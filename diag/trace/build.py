@@ -40,7 +40,8 @@ class _Parts:
             self.cols.setdefault(k, []).append(v)
 
     def column(self, k: str, dtype) -> np.ndarray:
-        parts = self.cols.get(k)
+        """The whole column, once: its chunks' arrays are let go as it is made."""
+        parts = self.cols.pop(k, None)
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 

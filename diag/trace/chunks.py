@@ -21,6 +21,7 @@ from . import schema
 from .columns import sparse_column
 from .commtable import host_comm_mask
 from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_kind
+from .read import release
 from .symbols import SymbolTable
 
 # Field getters run in C over a whole chunk (map), not in a Python loop.
@@ -139,7 +140,9 @@ _SHARED: Optional[memoryview] = None      # the events array, inherited by forke
 
 def _work(rng: tuple[int, int]):
     try:
-        return chunk_columns(schema.decode_range(_SHARED, *rng))
+        events = schema.decode_range(_SHARED, *rng)
+        release(_SHARED, *rng)
+        return chunk_columns(events)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return None                       # a cut inside an event: the caller decodes whole
 

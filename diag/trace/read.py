@@ -1,10 +1,14 @@
 """Reading a trace file's bytes: plain or gzip JSON, with errors a user can act on."""
 from __future__ import annotations
 
+import mmap
 import os
+import tempfile
+import weakref
 import zlib
 
 import msgspec
+import numpy as np
 
 from . import schema
 from .errors import TraceError
@@ -12,10 +16,98 @@ from .errors import TraceError
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+# A plain JSON file this big is mapped, not read: its pages are the page cache's, and each
+# chunk's pages are dropped from the process once decoded (release), so a 2 GB trace never
+# sits in the process's memory whole.
+MAP_MIN_BYTES = 64 << 20
+_PAGE = mmap.PAGESIZE
+_MAPS: "weakref.WeakValueDictionary[int, mmap.mmap]" = weakref.WeakValueDictionary()
+
+
+def _address(buf) -> int:
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(memoryview(buf)) else 0
+
+
+def _map(f) -> "mmap.mmap | None":
+    try:
+        if os.fstat(f.fileno()).st_size < MAP_MIN_BYTES or f.read(2) == GZIP_MAGIC:
+            return None
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None                       # not mappable (a pipe, a special file): read it
+    return _register(mm)
+
+
+def _register(mm: mmap.mmap) -> mmap.mmap:
+    if hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_SEQUENTIAL)
+    _MAPS[_address(mm)] = mm
+    return mm
+
+
+class _Inflated:
+    """Where a gzip trace inflates to: memory while small; past MAP_MIN_BYTES an unlinked
+    temporary file (DIAG_TMPDIR, else the system's), mapped like a big plain trace, so a trace
+    that inflates to gigabytes is not held in the process's memory whole."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.buf, self.file, self.size = path, bytearray(), None, 0
+
+    def write(self, piece: bytes) -> None:
+        self.size += len(piece)
+        try:
+            if self.file is None and self.size > MAP_MIN_BYTES:
+                self.file = tempfile.TemporaryFile(dir=os.environ.get("DIAG_TMPDIR") or None)
+                self.file.write(self.buf)
+                self.buf = bytearray()
+            if self.file is None:
+                self.buf += piece
+            else:
+                self.file.write(piece)
+        except OSError as e:
+            self.close()
+            raise TraceError(self.path, f"cannot inflate to a temporary file in {tempfile.gettempdir()}: "
+                                        f"{e.strerror or e} (set DIAG_TMPDIR to a folder with room)") from None
+
+    def result(self):
+        if self.file is None:
+            return self.buf
+        try:
+            self.file.flush()
+            return _register(mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ))
+        finally:
+            self.close()              # the map keeps the (unlinked) file's pages
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def release(buf, start: int = 0, stop: "int | None" = None) -> None:
+    """Drop the pages of buf[start:stop] from this process's memory when buf lies in a mapped
+    trace file (a no-op otherwise). Read again, they come back from the page cache."""
+    if not _MAPS or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    addr = _address(buf)
+    for base, mm in list(_MAPS.items()):
+        if base <= addr < base + len(mm):
+            lo = (addr - base + start) // _PAGE * _PAGE
+            hi = min(len(mm), addr - base + (len(memoryview(buf)) if stop is None else stop))
+            if hi > lo:
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            return
+
+
 def read_bytes(path: str) -> bytes:
-    """The file's JSON bytes, decompressed when it is gzip (by content, not by name)."""
+    """The file's JSON bytes, decompressed when it is gzip (by content, not by name); a big
+    plain file as a read-only map of it."""
     try:
         with open(path, "rb") as f:
+            mapped = _map(f)
+            if mapped is not None:
+                return mapped
+            f.seek(0)
             data = f.read()
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
@@ -40,18 +132,19 @@ def inflate_limit(compressed: int) -> int:
     return int(env) if env.isdigit() else max(MIN_LIMIT, MAX_RATIO * compressed)
 
 
-def gunzip(path: str, data: bytes) -> bytearray:
-    """Decompress every gzip member, refusing to inflate past inflate_limit()."""
+def gunzip(path: str, data: bytes):
+    """Decompress every gzip member, refusing to inflate past inflate_limit(). A bytearray, or
+    past MAP_MIN_BYTES a map of the inflated bytes in an unlinked temporary file (_Inflated)."""
     limit = inflate_limit(len(data))
-    out = bytearray()
+    out = _Inflated(path)
     rest = data
     try:
         while rest[:2] == GZIP_MAGIC:
             d = zlib.decompressobj(31)
             buf = rest
             while buf:
-                out += d.decompress(buf, min(PIECE, limit - len(out) + 1))
-                if len(out) > limit:
+                out.write(d.decompress(buf, min(PIECE, limit - out.size + 1)))
+                if out.size > limit:
                     raise TraceError(path, f"inflates to more than {limit:,} bytes, {limit // len(data):,}x its size "
                                            "(a decompression bomb?); set DIAG_MAX_TRACE_BYTES to allow more")
                 buf = d.unconsumed_tail
@@ -59,8 +152,12 @@ def gunzip(path: str, data: bytes) -> bytearray:
                 raise TraceError(path, "truncated gzip (file ends before the end of the stream)")
             rest = d.unused_data
     except zlib.error as e:
+        out.close()
         raise TraceError(path, f"corrupt gzip: {e}") from None
-    return out
+    except TraceError:
+        out.close()
+        raise
+    return out.result()
 
 
 def decode_trace(path: str, data: bytes) -> schema.TraceFile:
@@ -85,6 +182,7 @@ def decode_trace(path: str, data: bytes) -> schema.TraceFile:
         raise TraceError(path, "not a PyTorch profiler trace: no 'traceEvents'")
     if schema.is_empty_array(doc.traceEvents):
         raise TraceError(path, "no events in 'traceEvents'")
+    release(data)                         # the top level is decoded; the events come chunk by chunk
     return doc
 
 

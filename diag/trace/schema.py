@@ -138,10 +138,13 @@ def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
     if not chunked or len(memoryview(array)) <= 2 * CHUNK_BYTES:
         yield _events_decoder.decode(memoryview(array))
         return
+    from .read import release
+
     done = 0
     try:
         for start, stop in chunk_ranges(array):
             chunk = decode_range(array, start, stop)
+            release(array, start, stop)
             done += len(chunk)
             yield chunk
     except (msgspec.DecodeError, msgspec.ValidationError):
