@@ -112,11 +112,14 @@ class RankGrid:
         return [groups[k] for k in sorted(groups)]
 
     def group_of(self, rank: int, axis: Axis | str) -> list[int]:
-        """The group along `axis` that contains `rank`."""
-        for group in self.groups(axis):
-            if rank in group:
-                return group
-        raise AssertionError("unreachable: every rank is in one group per axis")
+        """The group along `axis` that contains `rank` (sorted): O(group size), not O(world)."""
+        axis = Axis(axis)
+        c = self.coords(rank)
+        if axis == Axis.TP:
+            return [self.rank(t, c.pp_rank, c.dp_rank) for t in range(self.tp)]
+        if axis == Axis.DP:
+            return [self.rank(c.tp_rank, c.pp_rank, d) for d in range(self.dp)]
+        return [self.rank(c.tp_rank, p, c.dp_rank) for p in range(self.pp)]
 
     def is_first_stage(self, rank: int) -> bool:
         return self.coords(rank).pp_rank == 0

@@ -159,7 +159,7 @@ def calibrate(d: Diagnosis) -> Calibration:
                overlap_grad_reduce=bool(meta.get("overlap_grad_reduce")),
                bucket_bytes=4.0 * float(meta.get("ddp_bucket_size") or 1e7))
     tokens = d.throughput.tokens_per_step if d.throughput else None
-    model_now = step_time(w, c, links, stage_slowdown=slowdown)
+    model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "
                  f"{step * 1e3:.4g} ms ({100 * (model_now / step - 1):+.0f}%)")
     return Calibration(w, c, links, slowdown, step, model_now, tokens, tuple(notes))

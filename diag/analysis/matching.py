@@ -14,7 +14,6 @@ collectives; that inference is reported, and otherwise the instance stays unmatc
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,34 +33,56 @@ class Matched:
     match_id: np.ndarray      # per instance: id of its match, -1 unmatched
 
 
-def _p2p_key(rc: RankComms, i: int, g: str):
-    """A send pairs with its receive: (group, sender, receiver). Only a 2-member group names
-    the peer; in a larger one the trace does not say who the other side is."""
-    members = [int(x) for x in g.split(",")]
-    if len(members) != 2 or rc.rank not in members:
-        return None
-    peer = members[0] if members[1] == rc.rank else members[1]
-    sender, receiver = (rc.rank, peer) if rc.coll[i] == Coll.SEND else (peer, rc.rank)
-    return (g, "p2p", sender, receiver)
+P2P_BASE = 64                     # key codes: a collective's Coll value; p2p: P2P_BASE + direction
 
 
-def _keys(rc: RankComms, world: int, infer: bool):
-    seen: dict = defaultdict(int)
-    keys = []
-    for i in range(len(rc)):
-        g = rc.group[i]
-        if rc.coll[i] in (Coll.SEND, Coll.RECV):
-            k = _p2p_key(rc, i, g) if g is not None else None
-        elif rc.coll[i] == Coll.SEND_RECV:
-            k = None                      # one piece of an all-to-all or a batched p2p: peers unknown
-        elif g is None and not infer:
-            k = None
-        else:
-            k = (g if g is not None else INFERRED_GROUP, int(rc.coll[i]))
-        keys.append(None if k is None else (*k, seen[k]))
-        if k is not None:
-            seen[k] += 1
-    return keys
+def _codes(rc: RankComms, group_id: dict, members_of: dict, infer: bool):
+    """Per instance: (group id, key code), the pair an instance is matched on (with its order
+    of occurrence); group id -1 where it cannot be matched. A send pairs with its receive: the
+    code of both is P2P_BASE + direction (0: the group's first member sends). Only a 2-member
+    group names the peer; in a larger one the trace does not say who the other side is."""
+    n = len(rc)
+    gid = np.full(n, -1, np.int64)
+    code = rc.coll.astype(np.int64)
+    p2p = np.isin(rc.coll, (Coll.SEND, Coll.RECV))
+    for g in set(rc.group):
+        if g is None:
+            continue
+        if g not in group_id:
+            group_id[g] = len(group_id)
+            try:
+                members_of[g] = [int(x) for x in g.split(",")]
+            except ValueError:
+                members_of[g] = []
+        sel = np.fromiter((x == g for x in rc.group), bool, n)
+        gid[sel] = group_id[g]
+        m = members_of[g]
+        sp = sel & p2p
+        if sp.any():
+            if len(m) == 2 and rc.rank in m:
+                # direction: 0 when m[0] sends; a send here is sent by rc.rank, a receive by the peer
+                sender_is_me = rc.coll[sp] == Coll.SEND
+                code[sp] = P2P_BASE + np.where(sender_is_me, int(rc.rank != m[0]), int(rc.rank == m[0]))
+            else:
+                gid[sp] = -1
+    if infer:
+        none = np.fromiter((x is None for x in rc.group), bool, n) & ~p2p
+        gid[none] = group_id.setdefault(INFERRED_GROUP, len(group_id))
+    gid[rc.coll == Coll.SEND_RECV] = -1      # one piece of an all-to-all or a batched p2p: peers unknown
+    return gid, code
+
+
+def _occurrence(pair: np.ndarray) -> np.ndarray:
+    """Per element: how many earlier elements carry the same value (its order of occurrence)."""
+    if pair.size == 0:
+        return pair
+    order = np.argsort(pair, kind="stable")
+    s = pair[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    run = np.repeat(starts, np.diff(np.r_[starts, s.size]))
+    occ = np.empty(pair.size, np.int64)
+    occ[order] = np.arange(pair.size) - run
+    return occ
 
 
 def _can_infer(comms: list[RankComms], world: int | None) -> bool:
@@ -72,29 +93,57 @@ def _can_infer(comms: list[RankComms], world: int | None) -> bool:
 
 
 def match(comms: list[RankComms], world: int | None) -> tuple[list[Matched], bool]:
-    """Per rank, the matched view of its instances; and whether groups were inferred."""
+    """Per rank, the matched view of its instances; and whether groups were inferred.
+
+    Instances are matched on (group, key code, order of occurrence on the rank); all ranks'
+    instances are sorted together once, so the cost is O(instances log instances)."""
     present = {rc.rank for rc in comms}
     infer = _can_infer(comms, world)
-    members: dict = defaultdict(list)           # key -> [(rank index, instance index)]
+    group_id: dict = {}
+    members_of: dict = {}
+    cols = {k: [] for k in ("gid", "code", "occ", "ri", "ii", "dur")}
     for ri, rc in enumerate(comms):
-        for ii, k in enumerate(_keys(rc, world or 0, infer)):
-            if k is not None:
-                members[k].append((ri, ii))
+        gid, code = _codes(rc, group_id, members_of, infer)
+        ok = np.flatnonzero(gid >= 0)
+        pair = gid[ok] * 256 + code[ok]
+        cols["gid"].append(gid[ok])
+        cols["code"].append(code[ok])
+        cols["occ"].append(_occurrence(pair))
+        cols["ri"].append(np.full(ok.size, ri, np.int64))
+        cols["ii"].append(ok)
+        cols["dur"].append(rc.dur_ns[ok].astype(np.int64))
     out = [Matched(np.full(len(rc), -1, np.int64), np.zeros(len(rc), np.int64), np.zeros(len(rc), bool),
                    np.zeros(len(rc), bool), np.full(len(rc), -1, np.int64)) for rc in comms]
-    for mid, (key, inst) in enumerate(members.items()):
-        if len(inst) < 2:
+    if not any(len(c) for c in cols["gid"]):
+        return out, infer
+    gid, code, occ, ri, ii, dur = (np.concatenate(cols[k]) for k in ("gid", "code", "occ", "ri", "ii", "dur"))
+    # one match per (group, code, occurrence); within it, by duration then order of appearance
+    order = np.lexsort((np.arange(gid.size), dur, occ, code, gid))
+    g, c, o = gid[order], code[order], occ[order]
+    new = np.r_[True, (g[1:] != g[:-1]) | (c[1:] != c[:-1]) | (o[1:] != o[:-1])]
+    starts = np.flatnonzero(new)
+    sizes = np.diff(np.r_[starts, order.size])
+    match_of = np.repeat(np.arange(starts.size), sizes)          # per sorted position
+    # match ids in order of first appearance (rank order, then instance order), as numbered before
+    first = np.minimum.reduceat(order, starts)
+    mid = np.empty(starts.size, np.int64)
+    mid[np.argsort(first, kind="stable")] = np.arange(starts.size)
+    transfer = dur[order][starts]                                # the shortest of each match
+    names = {v: k for k, v in group_id.items()}
+    expected = np.array([2 if cc >= P2P_BASE else len(present) if names[gg] == INFERRED_GROUP
+                         else len(members_of.get(names[gg], [])) or names[gg].count(",") + 1
+                         for gg, cc in zip(g[starts].tolist(), c[starts].tolist())], np.int64)
+    complete = sizes == expected
+    kpos = np.flatnonzero(sizes[match_of] >= 2)                 # matched: a match of two or more
+    k, a = order[kpos], match_of[kpos]
+    by = np.argsort(ri[k], kind="stable")
+    kpos, k, a = kpos[by], k[by], a[by]
+    bounds = np.searchsorted(ri[k], np.arange(len(comms) + 1))
+    for r, m in enumerate(out):
+        lo, hi = bounds[r], bounds[r + 1]
+        if lo == hi:
             continue
-        durs = np.array([comms[ri].dur_ns[ii] for ri, ii in inst])
-        transfer = int(durs.min())
-        group = key[0]
-        expected = (2 if key[1] == "p2p" else len(present) if group == INFERRED_GROUP
-                    else group.count(",") + 1)
-        ranks = {comms[ri].rank for ri, _ in inst}
-        complete = len(ranks) == expected
-        last_i = int(np.argmin(durs))
-        for j, (ri, ii) in enumerate(inst):
-            m = out[ri]
-            m.transfer_ns[ii], m.wait_ns[ii] = transfer, int(durs[j]) - transfer
-            m.last[ii], m.complete[ii], m.match_id[ii] = j == last_i, complete, mid
+        j, aa = ii[k[lo:hi]], a[lo:hi]
+        m.transfer_ns[j], m.wait_ns[j] = transfer[aa], dur[k[lo:hi]] - transfer[aa]
+        m.last[j], m.complete[j], m.match_id[j] = new[kpos[lo:hi]], complete[aa], mid[aa]
     return out, infer

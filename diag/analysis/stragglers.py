@@ -27,14 +27,28 @@ SLOW_STEP = 1.10               # median step 10% above the median of the ranks
 
 def _waited_before(rc: RankComms, m: Matched) -> np.ndarray:
     """Per instance: ns this rank already spent waiting earlier in the same step."""
-    out = np.zeros(len(rc), dtype=np.int64)
     order = np.lexsort((rc.start_ns, rc.step))
-    acc, step = 0, None
-    for i in order.tolist():
-        if rc.step[i] != step:
-            acc, step = 0, rc.step[i]
-        out[i] = acc
-        acc += int(m.wait_ns[i])
+    wait = m.wait_ns[order].astype(np.int64)
+    run = np.cumsum(wait) - wait                                 # waited before, over all steps
+    step = rc.step[order]
+    first = np.r_[True, step[1:] != step[:-1]] if step.size else np.zeros(0, bool)
+    starts = np.flatnonzero(first)
+    run -= np.repeat(run[starts], np.diff(np.r_[starts, step.size]))   # ... within its step
+    out = np.empty(len(rc), np.int64)
+    out[order] = run
+    return out
+
+
+def _group_medians(key: np.ndarray, value: np.ndarray, groups: int) -> np.ndarray:
+    """np.median of value per key in 0..groups-1 (NaN where a key has none), sorted once."""
+    out = np.full(groups, np.nan)
+    if key.size == 0:
+        return out
+    order = np.lexsort((value, key))
+    k, v = key[order], value[order].astype(np.float64)
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    n = np.diff(np.r_[starts, k.size])
+    out[k[starts]] = (v[starts + (n - 1) // 2] + v[starts + n // 2]) / 2
     return out
 
 
@@ -46,23 +60,32 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
     waiting for it: then it only passed a delay on. Pipeline send/recv are the schedule,
     not lateness, and are never credited.
     """
-    members = defaultdict(list)
+    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before")}
     for rc, m in zip(comms, matched):
-        before = _waited_before(rc, m)
-        coll = ~np.isin(rc.coll, P2P)
-        for i in np.flatnonzero((m.match_id >= 0) & coll):
-            members[int(m.match_id[i])].append((rc.rank, int(m.wait_ns[i]), bool(m.last[i]), int(before[i])))
+        sel = np.flatnonzero((m.match_id >= 0) & ~np.isin(rc.coll, P2P))
+        cols["mid"].append(m.match_id[sel])
+        cols["rank"].append(np.full(sel.size, rc.rank, np.int64))
+        cols["wait"].append(m.wait_ns[sel])
+        cols["last"].append(m.last[sel])
+        cols["before"].append(_waited_before(rc, m)[sel])
+    if not any(c.size for c in cols["mid"]):
+        return []
+    mid, rank, wait, last, before = (np.concatenate(cols[k]) for k in ("mid", "rank", "wait", "last", "before"))
+    n = int(mid.max()) + 1
+    # the (first) last-arriver of each match, and the medians of the others
+    lasts = np.flatnonzero(last)
+    first_last = np.full(n, -1, np.int64)
+    with_last, at = np.unique(mid[lasts], return_index=True)    # the earliest entry of each
+    first_last[with_last] = lasts[at]
+    has_others = np.bincount(mid[~last], minlength=n) > 0
+    delay = _group_medians(mid[~last], wait[~last], n)
+    others_before = _group_medians(mid[~last], before[~last], n)
     credits = []
-    for mem in members.values():
-        last = [x for x in mem if x[2]]
-        others = [x for x in mem if not x[2]]
-        if not last or not others:
-            continue
-        rank, _, _, before = last[0]
-        delay = float(np.median([w for _, w, _, _ in others]))
-        passed_on = before - float(np.median([b for _, _, _, b in others])) >= 0.5 * delay
-        if delay >= MIN_DELAY_NS and not passed_on:
-            credits.append((rank, delay))
+    for a in np.flatnonzero((first_last >= 0) & has_others).tolist():
+        i = first_last[a]
+        passed_on = before[i] - others_before[a] >= 0.5 * delay[a]
+        if delay[a] >= MIN_DELAY_NS and not passed_on:
+            credits.append((int(rank[i]), float(delay[a])))
     return credits
 
 
