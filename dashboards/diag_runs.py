@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from diag.analysis import diagnose
+from diag.analysis.collect import load_summaries
 from diag.analysis.gantt import PipelineGantt
 from diag.analysis.results import Diagnosis
-from diag.trace import load_job
-from diag.trace.job import NOT_TRACES, RUN_METADATA, TRACE_SUFFIXES, trace_files
+from diag.trace.job import NOT_TRACES, RUN_METADATA, SUMMARY_SUFFIX, TRACE_SUFFIXES, trace_files
 
 DEFAULT_MAX_UPLOAD_MB = 500
 CACHE_RUNS = 8
@@ -88,7 +88,9 @@ def safe_path(root: Path, name: str) -> Optional[Path]:
 
 
 def _run_files(p: Path) -> list[str]:
+    """Every file the analysis of run folder p reads: traces, their summaries, diag_run.json."""
     files = trace_files(str(p))
+    files += sorted(str(p / n) for n in os.listdir(p) if n.endswith(SUMMARY_SUFFIX))
     meta = p / RUN_METADATA
     return files + ([str(meta)] if meta.exists() else [])
 
@@ -157,7 +159,7 @@ def load_run(path: Path, label: str, cache: OrderedDict,
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    job = load_job(str(path), progress=progress)
+    job = load_summaries(str(path), progress=progress)
     d = diagnose(job)
     advice, cal = advise_run(d)
     run = LoadedRun(label=label, path=str(path), diagnosis=d, advice=advice, calibration=cal,

@@ -18,6 +18,7 @@ from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRe
 from streamlit.testing.v1 import AppTest
 
 from diag.analysis import diagnose
+from diag.analysis.collect import summarize_file
 from diag.cli import main
 from diag.dashboard_cmd import resolve_root, streamlit_argv
 from diag.trace import load_job
@@ -42,6 +43,11 @@ def root(tmp_path_factory):
     (r / "mixed").mkdir()
     shutil.copy(r / "pp2_m2" / "rank-0.pt.trace.json.gz", r / "mixed" / "rank-0.pt.trace.json.gz")
     (r / "mixed" / "rank-1.pt.trace.json.gz").symlink_to(outside / "rank-1.pt.trace.json.gz")
+    # a trace inside whose summary (which the analysis would read instead) links outside
+    summarize_file(str(outside / "rank-0.pt.trace.json.gz"))
+    (r / "sum_out").mkdir()
+    shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "sum_out" / "rank-0.pt.trace.json.gz")
+    (r / "sum_out" / "rank-0.pt.trace.json.gz.diagsum").symlink_to(outside / "rank-0.pt.trace.json.gz.diagsum")
     return r
 
 
@@ -132,7 +138,7 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
 
 
 @pytest.mark.parametrize("name", ["../", "../secret", "/etc", "tp2_pp2_dp2/../../secret", "link_out",
-                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "/etc/passwd"])
+                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "sum_out", "/etc/passwd"])
 def test_query_param_outside_root_is_refused(root, monkeypatch, name):
     at = app(root, monkeypatch, run=name)
     assert at.error and at.error[0].value.startswith("Refused:")
@@ -140,9 +146,10 @@ def test_query_param_outside_root_is_refused(root, monkeypatch, name):
 
 
 def test_picker_lists_only_runs_inside_root(root):
-    assert list_runs(root) == ["pp2_m2", "tp2_pp2_dp2"]         # not link_out, not mixed
+    assert list_runs(root) == ["pp2_m2", "tp2_pp2_dp2"]         # not link_out, mixed, sum_out
     assert safe_path(root, "tp2_pp2_dp2/rank-0.pt.trace.json.gz") is not None
     assert safe_path(root, "mixed") is None and safe_path(root, "link_out") is None
+    assert safe_path(root, "sum_out") is None
 
 
 def _upload(name: str, data: bytes) -> UploadedFile:

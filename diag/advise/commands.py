@@ -19,11 +19,11 @@ def _fail(msg: str, code: int = 2) -> None:
 
 def _diagnose(path: str):
     from ..analysis import diagnose
-    from ..trace import load_job
+    from ..analysis.collect import load_summaries
     from ..trace.errors import TraceError
 
     try:
-        return diagnose(load_job(path))
+        return diagnose(load_summaries(path))
     except (TraceError, ValueError) as e:
         _fail(f"{path}: {e}" if path not in str(e) else str(e))
 

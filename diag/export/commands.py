@@ -20,11 +20,11 @@ def _fail(message: str) -> None:
 
 def _diagnosis(path: str, strict: bool, tp, pp, peak_tflops):
     from ..analysis import diagnose
-    from ..trace import load_job
+    from ..analysis.collect import load_summaries
     from ..trace.errors import TraceError
 
     try:
-        job = load_job(path, strict=strict)
+        job = load_summaries(path, strict=strict)
         return diagnose(job, tp=tp, pp=pp, peak_tflops=peak_tflops)
     except TraceError as e:
         _fail(str(e))
