@@ -45,6 +45,11 @@ def _register(mm: mmap.mmap) -> mmap.mmap:
     return mm
 
 
+def spill_dir() -> str:
+    """Where big gzip traces are inflated: DIAG_TMPDIR, else the system's temporary directory."""
+    return os.environ.get("DIAG_TMPDIR") or tempfile.gettempdir()
+
+
 class _Inflated:
     """Where a gzip trace inflates to: memory while small; past MAP_MIN_BYTES an unlinked
     temporary file (DIAG_TMPDIR, else the system's), mapped like a big plain trace, so a trace
@@ -57,7 +62,7 @@ class _Inflated:
         self.size += len(piece)
         try:
             if self.file is None and self.size > MAP_MIN_BYTES:
-                self.file = tempfile.TemporaryFile(dir=os.environ.get("DIAG_TMPDIR") or None)
+                self.file = tempfile.TemporaryFile(dir=spill_dir())
                 self.file.write(self.buf)
                 self.buf = bytearray()
             if self.file is None:
@@ -66,7 +71,7 @@ class _Inflated:
                 self.file.write(piece)
         except OSError as e:
             self.close()
-            raise TraceError(self.path, f"cannot inflate to a temporary file in {tempfile.gettempdir()}: "
+            raise TraceError(self.path, f"cannot inflate to a temporary file in {spill_dir()}: "
                                         f"{e.strerror or e} (set DIAG_TMPDIR to a folder with room)") from None
 
     def result(self):
