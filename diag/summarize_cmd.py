@@ -118,6 +118,18 @@ def _on_dask(address: str, todo: list[str], task: _Task):
         cluster.close()
 
 
+def lower_priority(niceness: int, idle: bool) -> None:
+    """Best effort: this process (and the workers it forks) yield the CPU to training.
+    SCHED_IDLE runs only when a core has nothing else to run; nice only lowers the share."""
+    try:
+        if idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif niceness:
+            os.nice(niceness)
+    except OSError:
+        pass
+
+
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--out-dir", "-o", type=click.Path(file_okay=False), default=None,
@@ -131,19 +143,18 @@ def _on_dask(address: str, todo: list[str], task: _Task):
               help="Run on this Dask scheduler (tcp://host:8786), or 'local' for a local cluster.")
 @click.option("--nice", "niceness", type=click.IntRange(0, 19), default=0, show_default=True,
               help="Lower this process's priority by N (on a node that is still training).")
+@click.option("--idle", is_flag=True,
+              help="Run only on CPU time nothing else wants (Linux SCHED_IDLE; elsewhere --nice 19): "
+                   "what the trainer uses while it is still training.")
 @click.option("--quiet", "-q", is_flag=True, help="Print problems only.")
-def summarize(paths, out_dir, shard, force, top, dask_address, niceness, quiet) -> None:
+def summarize(paths, out_dir, shard, force, top, dask_address, niceness, idle, quiet) -> None:
     """Summarise per-rank traces where they are written, for a fast `diag analyze`.
 
     Each trace's summary (the per-rank pass of the analysis) goes next to it as
     <trace>.diagsum. Under srun or torchrun each task takes its share of the files.
     """
     t0 = time.monotonic()
-    if niceness:
-        try:
-            os.nice(niceness)
-        except OSError:
-            pass
+    lower_priority(19 if idle else niceness, idle)
     try:
         files = files_of(paths)
     except TraceError as e:

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-warmup", type=int, default=1)
     g.add_argument("--profile-active", type=int, default=2)
     g.add_argument("--trace-summary", action=argparse.BooleanOptionalAction, default=True,
-                   help="each rank summarises its own trace when the profiler finishes (a niced "
+                   help="each rank summarises its own trace when the profiler finishes (an idle-class "
                         "`diag summarize` subprocess), so `diag analyze` need not parse it again")
     g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="sample device/host metrics in a background thread")

@@ -23,8 +23,8 @@ from typing import Optional
 import numpy as np
 
 from ..analysis import diagnose
+from ..analysis.collect import load_summaries
 from ..analysis.results import Diagnosis
-from ..trace import load_job
 from .recommend import advise
 from .results import Recommendation
 
@@ -71,7 +71,9 @@ def _argv(command: str, out: str, python: str) -> list[str]:
     i = args.index("--out") if "--out" in args else None
     if i is not None:
         del args[i:i + 2]
-    return [python, "-m", "instrumented_trainer", *args, "--out", out]
+    # The trainer's background `diag summarize` would run in the very steps measured here (right
+    # after the profiler's window), and tune reads the traces at once itself: no summaries.
+    return [python, "-m", "instrumented_trainer", *args, "--no-trace-summary", "--out", out]
 
 
 def measured_steps(out: str, meta: dict) -> list[float]:
@@ -102,7 +104,7 @@ def run(command: str, out: str, python: str = sys.executable, timeout: float = 6
     """One profiled run, analysed; its unprofiled steps measured."""
     argv = _argv(command, out, python)
     _train(argv, timeout)
-    d = diagnose(load_job(out))
+    d = diagnose(load_summaries(out))
     steps = measured_steps(out, d.run or {})
     if not steps:
         raise TuneError(f"{out}: no step outside the profiler window to measure: raise --train-iters")
@@ -113,7 +115,7 @@ def run(command: str, out: str, python: str = sys.executable, timeout: float = 6
 def repeat(r: Run, times: list, traced: list, out: str, python: str, timeout: float) -> None:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled and traced step times."""
     _train(_argv(r.command, out, python), timeout)
-    d = diagnose(load_job(out))
+    d = diagnose(load_summaries(out))
     times += measured_steps(out, d.run or {})
     traced += [s.host_s for x in d.ranks for s in x.steps]
     r.runs += 1

@@ -5,7 +5,7 @@ trace holds `ProfilerStep#N` ranges. Any profiler failure (start, step, export) 
 profiler with one warning and training goes on: a run without a trace is worth more than no run.
 
 When the trace is written, the rank summarises it (`diag summarize`, the per-rank pass of the
-analysis) in a niced subprocess, so the work of analysing a big job is spread over its own nodes
+analysis) in an idle-class subprocess (it runs on CPU time training leaves unused), so the work of analysing a big job is spread over its own nodes
 and `diag analyze` merges the summaries in seconds. The subprocess never holds the GIL of the
 training process; at exit the session waits for it (SUMMARY_WAIT_S at most). If it fails or is
 late, one warning: `diag analyze` then reads the trace itself.
@@ -14,6 +14,7 @@ late, one warning: `diag analyze` then reads the trace itself.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -57,9 +58,15 @@ class ProfilerSession:
             self.exported = path
         if self.exported and getattr(self.cfg, "trace_summary", False):
             with guard("trace summary"):
+                argv = [sys.executable, "-m", "diag", "summarize", "--quiet", "--idle", "--shard", "0/1",
+                        self.exported]
+                # --idle takes effect after Python's start-up and imports (~0.5 s of CPU, which
+                # slowed a 2-core CPU run's next steps 2x); chrt makes the whole process idle-class.
+                if shutil.which("chrt"):
+                    argv = ["chrt", "--idle", "0", *argv]
                 self.summarizer = subprocess.Popen(
-                    [sys.executable, "-m", "diag", "summarize", "--quiet", "--nice", "10", "--shard", "0/1",
-                     self.exported], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    env={**os.environ, "DIAG_WORKERS": os.environ.get("DIAG_WORKERS", "2")})
 
     def _wait_summary(self) -> None:
         proc, self.summarizer = self.summarizer, None
