@@ -83,3 +83,17 @@ def test_no_eval_pickle_or_shell_on_trace_content():
             if f.endswith(".py"):
                 src = open(os.path.join(dirpath, f)).read()
                 assert not bad.search(src), f
+
+
+def test_implausible_rank_or_world_size_is_unknown_not_a_crash(tmp_path):
+    """Found by the atheris fuzzer: rank 10^113 overflowed the int64 rank columns in diagnose."""
+    for rank, world, want_rank, want_world in [(10**113, 300, 0, 300), (5, 4, 0, 4), (True, 2, 0, 2),
+                                               (1, 10**30, 1, None), (3, 8, 3, 8)]:
+        b = TraceBuilder(rank=rank, world_size=world).step(1, 0, 100)
+        b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 10, 30, **{"Collective name": "allreduce",
+                 "In msg nelems": 1024, "Out msg nelems": 1024, "Group size": 2, "dtype": "Float"})
+        job = load_job(b.write(str(tmp_path / "r.json")), strict=True)
+        d = diagnose(job)
+        assert (d.ranks[0].rank, job.world_size) == (want_rank, want_world), (rank, world)
+        if want_rank != rank:
+            assert any("no usable rank" in n for n in job.notes)

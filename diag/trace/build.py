@@ -132,6 +132,15 @@ def build_rank(path: str, doc: schema.TraceFile, symbols: SymbolTable | None = N
     return _rank_trace(path, doc, table, comms, parts.meta, parts.threads, parts.skipped)
 
 
+# More ranks than any job has had by orders of magnitude; past it a rank or world size is
+# damage (a fuzzed 10^113 once overflowed the int64 rank columns), shown as unknown.
+MAX_WORLD = 1 << 24
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankTrace:
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     rank = info.get("rank")
@@ -146,10 +155,11 @@ def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankT
                 thread_names[threads[key]] = name
     base = doc.baseTimeNanoseconds
     base_us = float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
+    world = world if _is_count(world) and 0 < world <= MAX_WORLD else None
     return RankTrace(
         path=str(path),
-        rank=rank if isinstance(rank, int) and rank >= 0 else None,
-        world_size=world if isinstance(world, int) and world > 0 else None,
+        rank=rank if _is_count(rank) and 0 <= rank < (world or MAX_WORLD) else None,
+        world_size=world,
         backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
         events=table, comms=comms,
         pg_config=info.get("pg_config") if isinstance(info.get("pg_config"), list) else [],
