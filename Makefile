@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= trainer,hta,dashboard,bench,cluster,dev
 
-.PHONY: setup system-deps demo test bench bench-scale clean
+.PHONY: setup system-deps demo test audit bench bench-scale clean
 
 # Debian packages the tests use for real: a headless browser for the dashboard test and a
 # Prometheus server (with promtool) for the metrics integration test.
@@ -46,6 +46,10 @@ demo: setup
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q
+
+# Known vulnerabilities in the installed dependencies (pip-audit; says so when it cannot reach the data).
+audit: setup
+	$(BIN)/python scripts/audit.py
 
 # diag vs HTA vs the JSON parse floor on two sizes of a real trace repeated in time (see benchmarks/README.md).
 BENCH_SRC := tests/data/a100_rank0_of_2_nccl_args
