@@ -64,3 +64,25 @@ def test_half_written_trace_is_not_taken_for_a_trace(tmp_path):
     (tmp_path / "rank-1.pt.trace.partial.gz").write_bytes(whole[: len(whole) // 3])
     d = diagnose(load_job(str(tmp_path), strict=True))
     assert [r.rank for r in d.ranks] == [0, 1] and not d.problems
+
+
+def test_disk_full_while_writing_is_a_warning_and_no_partial_trace(tmp_path):
+    """Rank 1's trace and logs land on a full disk (/dev/full: every write fails with ENOSPC).
+    Training finishes, rank 1 warns, no file of rank 1 passes for a trace, and the analysis
+    reports rank 1 missing while rank 0 is analysed (from its own summary)."""
+    from .runner import assert_ok, run_trainer
+
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("rank-1.pt.trace.partial.gz", "comm-rank-1.jsonl", "metrics-rank-1.jsonl"):
+        os.symlink("/dev/full", out / name)
+    run = run_trainer(out, 2, "--pipeline-model-parallel-size", "2", "--train-iters", "3",
+                      "--profile-wait", "0", "--profile-warmup", "1", "--profile-active", "1")
+    assert_ok(run)
+    assert "[rank 1] warning: telemetry 'profiler export' disabled after error" in run.stderr
+    assert "No space left on device" in run.stderr
+    names = set(os.listdir(out))
+    assert "rank-0.pt.trace.json.gz" in names and "rank-0.pt.trace.json.gz.diagsum" in names
+    assert not any(n.startswith("rank-1.pt.trace") for n in names), names   # not even the partial name
+    d = diagnose(load_job(str(out), strict=True))
+    assert [r.rank for r in d.ranks] == [0] and d.missing_ranks == [1]
