@@ -97,3 +97,16 @@ def test_implausible_rank_or_world_size_is_unknown_not_a_crash(tmp_path):
         assert (d.ranks[0].rank, job.world_size) == (want_rank, want_world), (rank, world)
         if want_rank != rank:
             assert any("no usable rank" in n for n in job.notes)
+
+
+def test_integer_fields_past_their_type_are_missing_not_wrapped():
+    import warnings
+
+    import numpy as np
+
+    from diag.trace.columns import num_column
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # no "invalid value encountered in cast" either
+        got = num_column([1, 2**63, 2**63 - 1024, -2**63, -2**64, 1e300, None, "7"], np.int64)
+        assert got.tolist() == [1, -1, 2**63 - 1024, -2**63, -1, -1, -1, 7]
+        assert num_column([2**31, 2**31 - 1, 5], np.int32).tolist() == [-1, 2**31 - 1, 5]

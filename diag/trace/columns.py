@@ -8,7 +8,8 @@ import numpy as np
 
 
 def num_column(values: list, dtype, missing: int = -1) -> np.ndarray:
-    """Numbers (or None, or numeric strings) -> array; anything unparsable -> missing."""
+    """Numbers (or None, or numeric strings) -> array; anything unparsable, or out of an integer
+    dtype's range, -> missing."""
     try:
         arr = np.array(values, dtype=np.float64)
         if arr.ndim != 1:
@@ -16,6 +17,9 @@ def num_column(values: list, dtype, missing: int = -1) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):
         arr = np.array([as_float(v) for v in values], dtype=np.float64)
     bad = ~np.isfinite(arr)
+    if np.issubdtype(np.dtype(dtype), np.integer):      # past the type's range: missing, not wrapped
+        lim = np.iinfo(dtype)
+        bad |= (arr < float(lim.min)) | (arr >= float(lim.max) + 1.0)
     if bad.any():
         arr[bad] = missing
     return arr.astype(dtype)

@@ -179,7 +179,7 @@ def _assign_runs(job: Job, loaded: list[RankTrace]) -> None:
             r.set_rank(next(free))
         else:
             r.rank = next(free)
-        job.notes.append(f"{os.path.basename(r.path)}: no usable rank in distributedInfo; shown as rank {r.rank}")
+        job.notes.append(f"{os.path.basename(r.path)}: no usable rank in distributedInfo (none, or implausible); shown as rank {r.rank}")
     job.ranks = sorted(main, key=lambda r: r.rank)
 
 
