@@ -22,3 +22,10 @@ def pytest_terminal_summary(terminalreporter):
         c = fuzz.COUNT
         terminalreporter.write_line(f"fuzz: {c['cases']} malformed-trace cases: {c['diagnosed']} diagnosed, "
                                     f"{c['rejected']} rejected with a clear error, 0 other exceptions")
+    atheris = sys.modules.get("test_fuzz_atheris")
+    if atheris is not None and atheris.RESULT:
+        r = atheris.RESULT
+        terminalreporter.write_line(f"atheris: {r['runs']} coverage-guided inputs in {r['seconds']} s "
+                                    f"({r['coverage']} edges, corpus {r['corpus']}): {r['diagnosed']} diagnosed, "
+                                    f"{r['rejected']} rejected with a clear error, "
+                                    "0 crashes, 0 hangs, 0 out-of-memory")
