@@ -4,6 +4,7 @@ lowered here so a 10 MB real trace takes those paths."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 
@@ -61,3 +62,73 @@ def test_no_room_to_inflate_is_a_clear_error(tmp_path, monkeypatch):
         read.read_bytes(GZ)
     assert e.value.path == GZ and "cannot inflate to a temporary file in" in e.value.problem
     assert "DIAG_TMPDIR" in e.value.problem
+
+
+def _real_traces():
+    for root, _, files in os.walk(os.path.join(ROOT, "tests", "data")):
+        for f in sorted(files):
+            if f.endswith((".json", ".json.gz")) and f != "hta_reference.json":
+                raw = open(os.path.join(root, f), "rb").read()
+                yield f, gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+
+def test_split_top_level_equals_the_whole_decode_on_every_real_trace():
+    """decode_split finds the events array without reading it, on every real layout (INFO logs,
+    traceName, baseTimeNanoseconds after the events; none at all), and agrees with a full decode."""
+    import msgspec
+    n = 0
+    for name, data in _real_traces():
+        whole = schema.decode(data)
+        split = schema.decode_split(data)
+        assert split is not None, name
+        events = msgspec.json.decode(bytes(split.traceEvents), type=list[msgspec.Raw])
+        assert events == msgspec.json.decode(bytes(whole.traceEvents), type=list[msgspec.Raw]), name
+        for k in ("distributedInfo", "deviceProperties", "trace_id", "schemaVersion", "baseTimeNanoseconds"):
+            assert getattr(split, k) == getattr(whole, k), (name, k)
+        n += 1
+    assert n >= 13
+
+
+def _doc_bytes(**after) -> bytes:
+    events = [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 10.0 + i, "dur": 0.5,
+               "args": {"stream": 7, "device": 0, "l": [1, {"a": "]"}]}} for i in range(50)]
+    events.insert(0, {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+                      "ts": 5.0, "dur": 100.0})
+    return json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1},
+                       "traceEvents": events, **after}, indent=1).encode()
+
+
+@pytest.mark.parametrize("after", [
+    {}, {"INFO": []}, {"INFO": ["a]", "CuptiActivityProfiler.cpp:1217] Traces"], "traceName": "x]"},
+    {"later": [{"id": 1}, {"id": 2}], "baseTimeNanoseconds": 7},      # objects after: a wrong guess
+    {"nested": {"traceEvents": [{"ph": "X"}]}},
+])
+def test_mapped_trace_of_any_layout_loads_as_in_memory(tmp_path, monkeypatch, after):
+    data = _doc_bytes(**after)
+    small = tmp_path / "small.json"
+    small.write_bytes(data)
+    want = diagnose(load_job(str(small)))
+    monkeypatch.setattr(read, "MAP_MIN_BYTES", 1)                # every file mapped: split first
+    monkeypatch.setattr(schema, "CHUNK_BYTES", 512)              # and decoded in many chunks
+    big = tmp_path / "big.json"
+    big.write_bytes(data)
+    _same(diagnose(load_job(str(big))), want)
+    doc = schema.decode_split(data)
+    if "later" not in after and "nested" not in after:
+        assert doc is not None and len(msgspec_list(doc.traceEvents)) == 51
+
+
+def msgspec_list(raw):
+    import msgspec
+    return msgspec.json.decode(bytes(raw), type=list[msgspec.Raw])
+
+
+def test_mapped_truncated_or_broken_trace_names_the_problem(tmp_path, monkeypatch):
+    monkeypatch.setattr(read, "MAP_MIN_BYTES", 1)
+    data = _doc_bytes(traceName="t")
+    (tmp_path / "cut.json").write_bytes(data[: len(data) - 40])
+    with pytest.raises(TraceError, match="truncated JSON"):
+        load_job(str(tmp_path / "cut.json"))
+    (tmp_path / "bad.json").write_bytes(data.replace(b'"dur": 0.5', b'"dur": 0.5,,', 1))
+    with pytest.raises(TraceError, match="JSON is malformed"):
+        load_job(str(tmp_path / "bad.json"))

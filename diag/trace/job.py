@@ -18,7 +18,7 @@ import multiprocessing
 from .build import build_rank
 from .chunks import workers
 from .errors import TraceError
-from .read import decode_trace, file_size, read_bytes
+from .read import decode_trace, file_size, is_mapped, read_bytes
 from .table import RankTrace
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
@@ -63,7 +63,15 @@ class Job:
 
 def load_rank(path: str) -> RankTrace:
     """Load one trace file; raises TraceError naming the file and the problem."""
-    return build_rank(path, decode_trace(path, read_bytes(path)))
+    data = read_bytes(path)
+    try:
+        return build_rank(path, decode_trace(path, data))
+    except TraceError:
+        if not is_mapped(data):
+            raise
+        # The top level was split around the events without reading them (a big mapped file):
+        # if that went wrong, the whole document decoded at once is right, or says what is wrong.
+        return build_rank(path, decode_trace(path, data, split=False))
 
 
 def _try_load(path: str):

@@ -89,6 +89,10 @@ class _Inflated:
             self.file = None
 
 
+def is_mapped(data) -> bool:
+    return isinstance(data, mmap.mmap)
+
+
 def release(buf, start: int = 0, stop: "int | None" = None) -> None:
     """Drop the pages of buf[start:stop] from this process's memory when buf lies in a mapped
     trace file (a no-op otherwise). Read again, they come back from the page cache."""
@@ -165,11 +169,13 @@ def gunzip(path: str, data: bytes):
     return out.result()
 
 
-def decode_trace(path: str, data: bytes) -> schema.TraceFile:
+def decode_trace(path: str, data: bytes, split: "bool | None" = None) -> schema.TraceFile:
+    """The top level, the events left raw. split (default: for a mapped file) first tries
+    schema.decode_split, which does not read the events' bytes."""
     if schema.first_byte(data) is None:
         raise TraceError(path, "empty file")
     try:
-        doc = schema.decode(data)
+        doc = schema.decode(data, split=is_mapped(data) if split is None else split)
     except msgspec.ValidationError as e:
         if schema.first_byte(data) not in (b"{", b"["):
             raise TraceError(path, "not JSON") from None

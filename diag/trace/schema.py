@@ -106,12 +106,93 @@ def first_byte(data) -> "bytes | None":
     return data[m.start():m.start() + 1] if m else None
 
 
-def decode(data: bytes) -> TraceFile:
-    """Decode the file's top level; raises msgspec.DecodeError / ValidationError on bad input."""
+def decode(data: bytes, split: bool = False) -> TraceFile:
+    """Decode the file's top level; raises msgspec.DecodeError / ValidationError on bad input.
+
+    split: try decode_split first (a big mapped file), so that the events' bytes are not read
+    here; they are decoded, and so checked, chunk by chunk."""
     if first_byte(data) == b"[":            # a Chrome trace may be a bare array of events
         msgspec.json.decode(data, type=list[msgspec.Raw])   # validate it is well-formed
         return TraceFile(traceEvents=msgspec.Raw(data))
-    return _header_decoder.decode(data)
+    doc = decode_split(data) if split else None
+    return doc if doc is not None else _header_decoder.decode(data)
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_LAST_NON_SPACE = re.compile(rb"\S\s*\Z")
+HEAD_SCAN = 64 << 20           # the keys before the events (distributedInfo, deviceProperties)
+TAIL_SCAN = 1 << 20            # and after them (INFO logs, traceName, baseTimeNanoseconds, ...)
+END_WINDOW = 1 << 20           # the last events before a candidate end, decoded to check it
+MAX_TAIL_TRIES = 4096
+
+
+def _is_object_rest(rest: bytes) -> bool:
+    """rest is what may follow a value inside an object, up to its end: `}` or `, "k": v ... }`."""
+    rest = rest.strip()
+    if rest == b"}":
+        return True
+    if not rest.startswith(b","):
+        return False
+    try:
+        return isinstance(msgspec.json.decode(b"{" + rest[1:]), dict)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False
+
+
+def _ends_events(buf: memoryview, open_at: int, close_at: int) -> bool:
+    """Whether buf[close_at] == "]" can close the events array opened at open_at: what precedes
+    it is an event's "}" (or the "[" itself), and the last events before it decode as an array."""
+    before = _LAST_NON_SPACE.search(buf, max(open_at, close_at - 64), close_at)
+    if before is None or buf[before.start()] not in b"}[":
+        return False
+    if before.start() == open_at:
+        return True                                        # an empty array
+    lo = max(open_at + 1, close_at - END_WINDOW)
+    cut = None
+    for cut in _BOUNDARY.finditer(buf, lo, close_at):
+        pass
+    first = cut.end() - 1 if cut is not None else (open_at + 1 if lo == open_at + 1 else None)
+    if first is None:
+        return False                                       # one event longer than the window
+    try:
+        msgspec.json.decode(b"[" + bytes(buf[first:close_at]) + b"]", type=list[msgspec.Raw])
+        return True
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False
+
+
+def decode_split(data) -> "TraceFile | None":
+    """The top level of a trace without reading its events: the bytes before the events array
+    and after it are decoded with an empty array in its place, and traceEvents is the array's
+    slice of data. Scanning the whole file here would bring every page of a mapped 2 GB trace
+    into memory at once; the chunked decoding reads (and then drops) a few MB at a time.
+    The array's end is found from the file's end: the last "]" that closes a run of events and
+    is followed by the rest of the top-level object. None when the layout is not the usual one:
+    the caller then decodes the whole document (and does so too if the events then fail)."""
+    buf = memoryview(data)
+    m = _EVENTS_KEY.search(buf, 0, min(len(buf), HEAD_SCAN))
+    if m is None:
+        return None
+    open_at = m.end() - 1
+    tail_from = max(m.end(), len(buf) - TAIL_SCAN)
+    tail = bytes(buf[tail_from:])
+    pos = len(tail)
+    for _ in range(MAX_TAIL_TRIES):
+        pos = tail.rfind(b"]", 0, pos)
+        if pos < 0:
+            return None
+        if _ends_events(buf, open_at, tail_from + pos) and _is_object_rest(tail[pos + 1:]):
+            break
+    else:
+        return None
+    try:
+        doc = _header_decoder.decode(bytes(buf[:open_at]) + b"[]" + tail[pos + 1:])
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
+        return None
+    if bytes(doc.traceEvents) != b"[]":       # the key was not the top level's, or came twice
+        return None
+    doc.traceEvents = msgspec.Raw(buf[open_at:tail_from + pos + 1])
+    return doc
 
 
 def chunk_ranges(array) -> list[tuple[int, int]]:
