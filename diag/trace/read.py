@@ -131,7 +131,8 @@ def read_bytes(path: str) -> bytes:
 
 # JSON traces compress 5-20x; a file that inflates far more is a decompression bomb.
 MAX_RATIO = 100
-PIECE = 16 << 20
+PIECE = 16 << 20           # inflated bytes per zlib call
+IN_PIECE = 1 << 20         # compressed bytes fed per zlib call
 MIN_LIMIT = 64 << 20
 
 
@@ -143,23 +144,38 @@ def inflate_limit(compressed: int) -> int:
 
 def gunzip(path: str, data: bytes):
     """Decompress every gzip member, refusing to inflate past inflate_limit(). A bytearray, or
-    past MAP_MIN_BYTES a map of the inflated bytes in an unlinked temporary file (_Inflated)."""
+    past MAP_MIN_BYTES a map of the inflated bytes in an unlinked temporary file (_Inflated).
+    The input is fed IN_PIECE at a time: zlib copies what it has not consumed (unconsumed_tail)
+    on every call, which over the whole file would be quadratic in time and double its memory."""
     limit = inflate_limit(len(data))
     out = _Inflated(path)
-    rest = data
+    mv = memoryview(data)
+    pos = 0
+
+    def room() -> int:
+        return min(PIECE, limit - out.size + 1)
+
+    def take(piece: bytes) -> None:
+        out.write(piece)
+        if out.size > limit:
+            raise TraceError(path, f"inflates to more than {limit:,} bytes, {limit // len(data):,}x its size "
+                                   "(a decompression bomb?); set DIAG_MAX_TRACE_BYTES to allow more")
+
     try:
-        while rest[:2] == GZIP_MAGIC:
+        while bytes(mv[pos:pos + 2]) == GZIP_MAGIC:
             d = zlib.decompressobj(31)
-            buf = rest
-            while buf:
-                out.write(d.decompress(buf, min(PIECE, limit - out.size + 1)))
-                if out.size > limit:
-                    raise TraceError(path, f"inflates to more than {limit:,} bytes, {limit // len(data):,}x its size "
-                                           "(a decompression bomb?); set DIAG_MAX_TRACE_BYTES to allow more")
-                buf = d.unconsumed_tail
-            if not d.eof:
-                raise TraceError(path, "truncated gzip (file ends before the end of the stream)")
-            rest = d.unused_data
+            while not d.eof:
+                buf = mv[pos:pos + IN_PIECE]
+                pos += len(buf)
+                if not buf:                   # all fed: only what zlib still holds can come out
+                    more = d.decompress(b"", room())
+                    if not more:
+                        raise TraceError(path, "truncated gzip (file ends before the end of the stream)")
+                    take(more)
+                while buf and not d.eof:
+                    take(d.decompress(buf, room()))
+                    buf = d.unconsumed_tail
+            pos -= len(d.unused_data)         # the next member starts in the last piece fed
     except zlib.error as e:
         out.close()
         raise TraceError(path, f"corrupt gzip: {e}") from None

@@ -68,6 +68,7 @@ _events_decoder = msgspec.json.Decoder(list[Event])
 _header_decoder = msgspec.json.Decoder(TraceFile)
 NO_ARGS = Args()
 CHUNK_BYTES = 4 << 20
+_FOLIO = 2 << 20              # the largest page-cache folio a fault maps at once (x86-64)
 # Between two events of the array: "}" , "{" with any whitespace. Such a cut inside a nested
 # value leaves brackets unbalanced, so a wrong cut fails to decode instead of passing silently.
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
@@ -198,6 +199,8 @@ def decode_split(data) -> "TraceFile | None":
 def chunk_ranges(array) -> list[tuple[int, int]]:
     """Byte ranges [start, stop) of the array's content, cut between events about every
     CHUNK_BYTES. A cut that falls inside an event shows up when that range fails to decode."""
+    from .read import release
+
     buf = memoryview(array)
     start = bytes(buf[:64]).index(b"[") + 1
     end = len(buf) - bytes(buf[-64:])[::-1].index(b"]") - 1
@@ -206,6 +209,9 @@ def chunk_ranges(array) -> list[tuple[int, int]]:
         m = _BOUNDARY.search(buf, pos + CHUNK_BYTES, end) if pos + CHUNK_BYTES < end else None
         stop = m.start() + 1 if m else end
         ranges.append((pos, stop))
+        # In a mapped file each search faults in a page, or a whole large folio (2 MB) of a file
+        # just written, as the inflated gzip is: let it go, or the cuts alone map half the file.
+        release(array, pos, min(end, (m.end() if m else end) + _FOLIO))
         pos = m.end() - 1 if m else end
     return ranges
 
