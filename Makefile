@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= trainer,hta,dashboard,bench,cluster,dev
 
-.PHONY: setup system-deps demo test audit bench bench-scale clean
+.PHONY: setup system-deps demo test audit bench bench-scale bench-big clean
 
 # Debian packages the tests use for real: a headless browser for the dashboard test and a
 # Prometheus server (with promtool) for the metrics integration test.
@@ -64,6 +64,11 @@ bench: setup
 bench-scale: setup
 	@mkdir -p bench_out
 	$(BIN)/python benchmarks/bench_scale.py --out bench_out/bench_scale.json
+
+# One 2 GB trace (plain and gzipped) within 6 GiB of RAM, and HTA on it (see benchmarks/README.md).
+bench-big: setup
+	@mkdir -p bench_out
+	$(BIN)/python benchmarks/bench_big.py --gz --hta --out bench_out/bench_big_2gb.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -116,20 +116,26 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def measure(cmd: List[str], timeout: float, capture: bool = True) -> Dict[str, Any]:
-    """Run CMD; return wall seconds, peak RSS (MiB) and its output."""
+def measure(cmd: List[str], timeout: float, capture: bool = True,
+            kill_above_mib: Optional[float] = None) -> Dict[str, Any]:
+    """Run CMD; return wall seconds, peak RSS (MiB) and its output. kill_above_mib: kill it once
+    its process tree holds more than this (a tool that would take the machine's memory)."""
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=out if capture else subprocess.DEVNULL, stderr=err,
                             cwd=ROOT)
     peak_tree = 0
+    over_limit = False
     stop = threading.Event()
 
     def sample() -> None:
-        nonlocal peak_tree
+        nonlocal peak_tree, over_limit
         while not stop.is_set():
             peak_tree = max(peak_tree, _tree_rss(proc.pid))
+            if kill_above_mib and peak_tree > kill_above_mib * 2**20 and not over_limit:
+                over_limit = True
+                proc.kill()
             stop.wait(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -161,6 +167,7 @@ def measure(cmd: List[str], timeout: float, capture: bool = True) -> Dict[str, A
         "cmd": cmd,
         "rc": proc.returncode,
         "timed_out": timed_out,
+        "over_memory_limit": over_limit,
         "wall_s": wall,
         "user_s": ru.ru_utime,
         "sys_s": ru.ru_stime,

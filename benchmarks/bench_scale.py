@@ -7,17 +7,22 @@ runs when their spec has not changed (--regen rebuilds them). Two series:
 
   events  a fixed rank count (tp=2 pp=2 dp=2, 8 ranks), the per-rank trace grown by the number
           of layers, micro-batches and steps: three sizes, roughly 10x apart
-  ranks   a fixed small per-rank trace at 8, 64 and 256 ranks (tp=2 pp=2 dp=2/16/64)
+  ranks   a fixed small per-rank trace at 8, 64, 256 and 1,024 ranks (tp=2 pp=2 dp=2/16/64/256)
 
 Each point is measured as whole processes with bench_analyze.measure() (wall time from fork to
 reaping; peak memory = max(ru_maxrss from os.wait4, peak PSS summed over the process tree)):
 
-  diag        `diag analyze DIR --format json --output /dev/null`, DIAG_WORKERS unset (default:
-              the per-file process pool is used only for >= 4 files and >= 256 MB on disk)
+  diag        `diag analyze DIR --no-summaries --format json --output /dev/null`: the full
+              analysis of every trace, DIAG_WORKERS unset (default: the per-file process pool
+              for >= 32 files, or >= 4 files and >= 256 MB on disk)
   diag[no meta]  the same on DIR.hta/ (HTA's input: the rank files alone, symlinked; without
               diag_run.json diag makes no recommendations)
-  diag[w=1]   the same with DIAG_WORKERS=1 (serial)      } only on points with >= 64 ranks
-  diag[w=N]   the same with DIAG_WORKERS=N (forced pool) } (--workers-min-ranks), N = cores
+  diag[w=1]   the full analysis with DIAG_WORKERS=1 (one process), on points with >= 64 ranks
+              (--workers-min-ranks): the memory of the pool against one process
+  summarize   `diag summarize DIR --force -q`: every rank's per-rank pass in one task on this
+              machine (on a cluster this work is spread over the job's nodes)
+  merge       `diag analyze DIR ...` again, now reading the summaries: the cost left to the
+              machine that analyses the job
   hta         `benchmarks/hta_run.py DIR.hta --quiet` with a per-point timeout (--hta-timeout); a
               point whose smaller sibling in the same series already timed out is not run and
               is recorded as "timeout" too (it can only be slower)
@@ -68,7 +73,7 @@ class Point:
 
 # events per rank grow ~ layers/pp * micro * steps; ranks series keeps the smallest trace.
 EVENT_SIZES = [(8, 4, 3), (32, 8, 4), (64, 16, 8)]       # (layers, micro-batches, steps)
-RANK_DPS = [2, 16, 64]                                   # x tp=2 pp=2 -> 8, 64, 256 ranks
+RANK_DPS = [2, 16, 64, 256]                              # x tp=2 pp=2 -> 8, 64, 256, 1024 ranks
 QUICK_EVENT_SIZES = [(8, 4, 3), (16, 4, 3), (32, 4, 3)]
 QUICK_RANK_DPS = [2, 4, 8]
 
@@ -90,7 +95,7 @@ def synthesise(p: Point, out_dir: str, regen: bool) -> Dict[str, Any]:
     keeps the parent's RSS high-water mark in its ru_maxrss, so a parent that once held a big
     simulated timeline would inflate every later measurement; this process must stay small.
     """
-    spec_path = os.path.join(out_dir, "bench_scale_spec.json")
+    spec_path = os.path.join(out_dir, "bench_scale.spec")
     spec = asdict(p)
     if not regen and os.path.exists(spec_path):
         with open(spec_path) as fh:
@@ -105,7 +110,7 @@ def synthesise(p: Point, out_dir: str, regen: bool) -> Dict[str, Any]:
 
 
 def _synth_child(p: Point, out_dir: str) -> None:
-    spec_path = os.path.join(out_dir, "bench_scale_spec.json")
+    spec_path = os.path.join(out_dir, "bench_scale.spec")
     spec = asdict(p)
     from diag.advise import Config, Links, Workload, simulate
     from diag.advise.synth import write_job
@@ -178,14 +183,15 @@ def _status(r: Dict[str, Any]) -> str:
 def bench_point(p: Point, d: str, args, diag_cmd, hta_skip: bool) -> Dict[str, Any]:
     tools: Dict[str, List[str]] = {}
     if diag_cmd:
-        base = diag_cmd + ["analyze", d, "--format", "json", "--output", os.devnull]
+        base = diag_cmd + ["analyze", d, "--no-summaries", "--format", "json", "--output", os.devnull]
         tools["diag"] = base
         # the rank files alone (HTA's exact input): no diag_run.json, so no recommendations
-        tools["diag[no meta]"] = diag_cmd + ["analyze", hta_dir(d), "--format", "json",
+        tools["diag[no meta]"] = diag_cmd + ["analyze", hta_dir(d), "--no-summaries", "--format", "json",
                                              "--output", os.devnull]
         if p.ranks >= args.workers_min_ranks:
             tools["diag[w=1]"] = ["env", "DIAG_WORKERS=1"] + base
-            tools[f"diag[w={args.pool_workers}]"] = ["env", f"DIAG_WORKERS={args.pool_workers}"] + base
+        tools["summarize"] = diag_cmd + ["summarize", d, "--force", "--quiet"]
+        tools["merge"] = diag_cmd + ["analyze", d, "--format", "json", "--output", os.devnull]
     if not args.skip_hta:
         tools["hta"] = [sys.executable, os.path.join(HERE, "hta_run.py"), hta_dir(d), "--quiet"]
     out: Dict[str, Any] = {}
@@ -197,7 +203,7 @@ def bench_point(p: Point, d: str, args, diag_cmd, hta_skip: bool) -> Dict[str, A
             continue
         timeout = args.hta_timeout if t == "hta" else args.diag_timeout
         runs = []
-        for _ in range(1 if t == "hta" else args.rounds):
+        for _ in range(1 if t in ("hta", "summarize") else args.rounds):
             r = measure(cmd, timeout)
             r["status"] = _status(r)
             runs.append(r)
@@ -231,17 +237,16 @@ def _f(x: Optional[float], spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table(results: List[Dict[str, Any]], pool_label: str) -> str:
+def table(results: List[Dict[str, Any]]) -> str:
     hdr = ["series", "ranks", "events/rank", "events total", "MB json", "MB gz", "diag s", "diag MiB",
-           "diag no-meta s", "diag no-meta MiB",
-           "diag[w=1] s", "diag[w=1] MiB", f"{pool_label} s", f"{pool_label} MiB",
-           "HTA s", "HTA MiB", "HTA/diag t", "diag µs/event"]
+           "diag[w=1] s", "diag[w=1] MiB", "diag no-meta s", "diag no-meta MiB",
+           "summarize s", "merge s", "merge MiB", "HTA s", "HTA MiB", "HTA/diag t", "HTA/merge t",
+           "diag µs/event"]
     lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for res in results:
         s, m = res["sizes"], res["tools"]
-        d, w1, wn, h = (m.get("diag", {}), m.get("diag[w=1]", {}), m.get(pool_label, {}),
-                        m.get("hta", {}))
-        nm = m.get("diag[no meta]", {})
+        d, w1, h = m.get("diag", {}), m.get("diag[w=1]", {}), m.get("hta", {})
+        nm, su, mg = m.get("diag[no meta]", {}), m.get("summarize", {}), m.get("merge", {})
 
         def cell(x, key, spec):
             if not x:
@@ -251,16 +256,18 @@ def table(results: List[Dict[str, Any]], pool_label: str) -> str:
             return _f(x.get(key), spec)
 
         ratio = (h["wall_s"] / d["wall_s"]) if h.get("wall_s") and d.get("wall_s") else None
+        mratio = (h["wall_s"] / mg["wall_s"]) if h.get("wall_s") and mg.get("wall_s") else None
         per_ev = (d["wall_s"] / s["events_total"] * 1e6) if d.get("wall_s") else None
         lines.append("| " + " | ".join([
             res["series"], str(res["ranks"]), str(s["events_per_rank"]), str(s["events_total"]),
             f"{s['bytes_uncompressed_est'] / 1e6:.0f}", f"{s['bytes_on_disk'] / 1e6:.1f}",
             cell(d, "wall_s", ".2f"), cell(d, "peak_mib", ".0f"),
-            cell(nm, "wall_s", ".2f"), cell(nm, "peak_mib", ".0f"),
             cell(w1, "wall_s", ".2f"), cell(w1, "peak_mib", ".0f"),
-            cell(wn, "wall_s", ".2f"), cell(wn, "peak_mib", ".0f"),
+            cell(nm, "wall_s", ".2f"), cell(nm, "peak_mib", ".0f"),
+            cell(su, "wall_s", ".2f"), cell(mg, "wall_s", ".2f"), cell(mg, "peak_mib", ".0f"),
             cell(h, "wall_s", ".1f"), cell(h, "peak_mib", ".0f"),
-            _f(ratio, ".1f") + ("x" if ratio else ""), _f(per_ev, ".2f"),
+            _f(ratio, ".1f") + ("x" if ratio else ""), _f(mratio, ".1f") + ("x" if mratio else ""),
+            _f(per_ev, ".2f"),
         ]) + " |")
     return "\n".join(lines)
 
@@ -285,13 +292,12 @@ def main(argv=None) -> int:
     ap.add_argument("--diag-timeout", type=float, default=600, help="seconds per diag run")
     ap.add_argument("--workers-min-ranks", type=int, default=64,
                     help="also run DIAG_WORKERS=1 and =N at points with at least this many ranks")
-    ap.add_argument("--pool-workers", type=int, default=os.cpu_count() or 2,
-                    help="N for the forced-pool diag run (default: the cores)")
+    ap.add_argument("--max-ranks", type=int, default=1024, help="leave out rank points above this")
     args = ap.parse_args(argv)
     if args.table_from:
         with open(args.table_from) as fh:
             doc = json.load(fh)
-        print(table(doc["results"], f"diag[w={doc['pool_workers']}]"))
+        print(table(doc["results"]))
         return 0
     env_workers = os.environ.pop("DIAG_WORKERS", None)  # "diag" must mean the default
     if env_workers is not None:
@@ -300,8 +306,7 @@ def main(argv=None) -> int:
     diag_cmd = find_diag(args.diag)
     if not diag_cmd:
         print("note: no `diag` executable found; HTA only", file=sys.stderr)
-    pool_label = f"diag[w={args.pool_workers}]"
-    pts = [p for p in points(args.quick) if args.series in ("both", p.series)]
+    pts = [p for p in points(args.quick) if args.series in ("both", p.series) and p.ranks <= args.max_ranks]
     results, timed_out_at = [], {}
     t_all = time.perf_counter()
     for p in pts:
@@ -316,13 +321,13 @@ def main(argv=None) -> int:
             timed_out_at[key] = p.ranks * sizes["events_per_rank"]
         results.append({"series": p.series, "point": asdict(p), "name": p.name, "dir": d,
                         "ranks": p.ranks, "sizes": sizes, "tools": tools})
-    tbl = table(results, pool_label)
+    tbl = table(results)
     print(tbl)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"python": sys.version.split()[0], "cpus": os.cpu_count(),
                        "rounds": args.rounds, "hta_timeout_s": args.hta_timeout,
-                       "pool_workers": args.pool_workers, "diag_cmd": diag_cmd,
+                       "diag_cmd": diag_cmd,
                        "total_s": time.perf_counter() - t_all, "table": tbl,
                        # children's ru_maxrss cannot be below this (inherited high-water mark)
                        "parent_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -121,19 +121,34 @@ def build(trace: Dict[str, Any], copies: int, gap_us: int) -> Dict[str, Any]:
     nsteps = _step_count(events)
     once = [e for e in events if e.get("ph") in ("M", "i", "I") or e.get("cat") == "Trace"]
     body = [e for e in events if not (e.get("ph") in ("M", "i", "I") or e.get("cat") == "Trace")]
-    out: List[dict] = []
+    head: List[dict] = []
     for e in once:
         c = dict(e)
         if c.get("cat") == "Trace" and isinstance(c.get("dur"), (int, float)):
             c["dur"] = c["dur"] + (copies - 1) * shift
         elif c.get("name") == "Record Window End":
             c["ts"] = _shift_ts(c.get("ts"), (copies - 1) * shift)
-        out.append(c)
-    for k in range(copies):
-        out.extend(_copy_event(e, k, shift, id_off, nsteps) for e in body)
+        head.append(c)
     meta = {k: v for k, v in trace.items() if k != "traceEvents"}
-    meta["traceEvents"] = out
+    # Lazy: the copies are made while writing, so a multi-gigabyte trace never sits in memory.
+    meta["traceEvents"] = _Events(head, body, copies, shift, id_off, nsteps)
     return meta, shift, id_off, nsteps
+
+
+class _Events:
+    """The output events, made on iteration (len() without making them)."""
+
+    def __init__(self, head, body, copies, shift, id_off, nsteps):
+        self.head, self.body, self.copies, self.args = head, body, copies, (shift, id_off, nsteps)
+
+    def __len__(self) -> int:
+        return len(self.head) + self.copies * len(self.body)
+
+    def __iter__(self):
+        yield from self.head
+        for k in range(self.copies):
+            for e in self.body:
+                yield _copy_event(e, k, *self.args)
 
 
 def write(trace: Dict[str, Any], out: str) -> None:
@@ -162,7 +177,7 @@ def main(argv=None) -> int:
     n0 = len(trace["traceEvents"])
     big, shift, id_off, nsteps = build(trace, args.copies, args.gap_us)
     n = len(big["traceEvents"])
-    write(big, args.out)
+    write(dict(big), args.out)
     print(json.dumps({"src": args.src, "out": args.out, "copies": args.copies,
                       "events_src": n0, "events": n, "ts_shift_us": shift,
                       "id_offset": id_off, "steps_per_copy": nsteps,
