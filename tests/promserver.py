@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 
@@ -85,6 +86,17 @@ def start_trainer(out: Path, base_port: int, iters: int, *args: str) -> subproce
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def iters_lasting(seconds: float, out: Path, floor: int) -> int:
+    """Train iterations that take about `seconds` on this machine today, at least `floor`: a test
+    that watches a live run needs it to outlast its scrapes however fast the machine is."""
+    proc = start_trainer(out, free_ports(2), 40)
+    code, _, err = finish(proc)
+    if code != 0:
+        raise RuntimeError(f"calibration run failed ({code}): {err[-3000:]}")
+    steps = sorted(json.loads(x)["step_seconds"] for x in (out / "steps.jsonl").read_text().split())
+    return max(floor, math.ceil(seconds / steps[len(steps) // 2]))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180.0) -> tuple[int, str, str]:

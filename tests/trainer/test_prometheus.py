@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import statistics
 import threading
@@ -106,13 +107,13 @@ def _scrape(ports, stop, counts, per_second=20.0):
         stop.wait(max(0.0, 1.0 / per_second - (time.monotonic() - t0)))
 
 
-def _median_step(tmp_path, name, port, scraped: bool) -> tuple[float, dict]:
+def _median_step(tmp_path, name, port, scraped: bool, iters: int = 80) -> tuple[float, dict]:
     stop, counts = threading.Event(), {}
     thread = threading.Thread(target=_scrape, args=([port, port + 1], stop, counts))
     if scraped:
         thread.start()
     run = run_trainer(tmp_path / name, 2, "--pipeline-model-parallel-size", "2",
-                      "--train-iters", "80", "--no-profile", "--prometheus-port", str(port))
+                      "--train-iters", str(iters), "--no-profile", "--prometheus-port", str(port))
     stop.set()
     if scraped:
         thread.join(timeout=10)
@@ -126,13 +127,18 @@ def test_concurrent_scrapes_do_not_slow_training(tmp_path):
     every other run is scraped 20 times a second per rank."""
     from promserver import free_ports
 
+    # As many steps as make a run last about 5 s on this machine today (at least 80): the load
+    # must span the steps it is to slow down, however fast the machine (a fixed 80 steps lasted
+    # under 1 s, 18 scrapes, on a quiet day).
+    step = _median_step(tmp_path, "calibrate", free_ports(2), False)[0]
+    iters = max(80, math.ceil(5.0 / step))
     quiet, loaded = [], []
     for i in range(2):
-        quiet.append(_median_step(tmp_path, f"quiet{i}", free_ports(2), False)[0])
-        median, counts = _median_step(tmp_path, f"loaded{i}", free_ports(2), True)
+        quiet.append(_median_step(tmp_path, f"quiet{i}", free_ports(2), False, iters)[0])
+        median, counts = _median_step(tmp_path, f"loaded{i}", free_ports(2), True, iters)
         loaded.append(median)
         # the load really happened, on both ranks
         assert len(counts) == 2 and min(counts.values()) >= 40, counts
     ratio = statistics.median(loaded) / statistics.median(quiet)
-    print(f"\nmedian step: quiet {quiet} loaded {loaded} ratio {ratio:.3f}")
+    print(f"\n{iters} steps a run; median step: quiet {quiet} loaded {loaded} ratio {ratio:.3f}")
     assert ratio < 1.25
