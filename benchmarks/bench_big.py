@@ -66,27 +66,18 @@ def main(argv=None) -> int:
     diag = find_diag(None)
     if diag is None:
         sys.exit("no diag executable next to this python: make setup")
-    cmd = diag + ["analyze", args.trace, "--format", "json", "--output", "/dev/null", "--no-summaries"]
-    runs = {}
-    for label, env in (("diag", {}), ("diag[w=1]", {"DIAG_WORKERS": "1"})):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            runs[label] = measure(cmd, args.timeout, capture=False)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+
+    def analyze(path: str) -> list:
+        return diag + ["analyze", path, "--format", "json", "--output", "/dev/null", "--no-summaries"]
+
+    runs = {"diag": measure(analyze(args.trace), args.timeout, capture=False),
+            "diag[w=1]": measure(["env", "DIAG_WORKERS=1"] + analyze(args.trace), args.timeout, capture=False)}
     if args.gz:
         gz = args.trace + ".gz"
         if not os.path.exists(gz) or os.path.getmtime(gz) < os.path.getmtime(args.trace):
             with open(gz, "wb") as f:
                 subprocess.run(["gzip", "-1", "-c", args.trace], stdout=f, check=True)
-        runs[f"diag .gz ({os.path.getsize(gz) / 1e6:.0f} MB)"] = measure(
-            diag + ["analyze", gz, "--format", "json", "--output", "/dev/null", "--no-summaries"],
-            args.timeout, capture=False)
+        runs[f"diag .gz ({os.path.getsize(gz) / 1e6:.0f} MB)"] = measure(analyze(gz), args.timeout, capture=False)
     if args.hta:
         runs["HTA"] = measure([sys.executable, os.path.join(HERE, "hta_run.py"), args.trace, "--quiet"],
                               args.timeout, capture=False, kill_above_mib=args.hta_limit_gib * 1024)

@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     n0 = len(trace["traceEvents"])
     big, shift, id_off, nsteps = build(trace, args.copies, args.gap_us)
     n = len(big["traceEvents"])
-    write(dict(big), args.out)
+    write(big, args.out)
     print(json.dumps({"src": args.src, "out": args.out, "copies": args.copies,
                       "events_src": n0, "events": n, "ts_shift_us": shift,
                       "id_offset": id_off, "steps_per_copy": nsteps,

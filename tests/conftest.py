@@ -10,6 +10,28 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 REAL_FOLDERS = sorted(d for d in os.listdir(DATA) if os.path.isdir(os.path.join(DATA, d)))
 
 
+def analysis(path, *flags) -> dict:
+    """`diag analyze PATH --format json FLAGS` through the CLI, parsed; it must exit 0."""
+    import json
+
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    r = CliRunner().invoke(main, ["analyze", str(path), "--format", "json", *map(str, flags)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def comparable(d: dict) -> dict:
+    """The diagnosis without what says how it was made: the notes, and where it was read from."""
+    d = dict(d)
+    d.pop("notes")
+    d.pop("source")
+    return d
+
+
 @pytest.fixture(params=REAL_FOLDERS)
 def real_folder(request):
     return os.path.join(DATA, request.param)

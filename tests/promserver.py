@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import statistics
 
 from diag.ports import free_ports  # noqa: F401 - re-exported for the tests
 import subprocess
@@ -95,8 +96,8 @@ def iters_lasting(seconds: float, out: Path, floor: int) -> int:
     code, _, err = finish(proc)
     if code != 0:
         raise RuntimeError(f"calibration run failed ({code}): {err[-3000:]}")
-    steps = sorted(json.loads(x)["step_seconds"] for x in (out / "steps.jsonl").read_text().split())
-    return max(floor, math.ceil(seconds / steps[len(steps) // 2]))
+    steps = [json.loads(x)["step_seconds"] for x in (out / "steps.jsonl").read_text().split()]
+    return max(floor, math.ceil(seconds / statistics.median(steps)))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180.0) -> tuple[int, str, str]:

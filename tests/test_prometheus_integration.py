@@ -11,6 +11,7 @@ import json
 import math
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -146,7 +147,7 @@ def test_rule_values_are_consistent(live):
     # The rule was evaluated <= 1 s before `at`, on a sample scraped <= 1 s before that: it may
     # lag by the steps of ~2 s (3 s allowed), however many that is on this machine.
     seen = live["iters"] - _value(query(url, "job:diag_steps_remaining", at))
-    step_s = sorted(s["step_seconds"] for s in live["steps"])[len(live["steps"]) // 2]
+    step_s = statistics.median(s["step_seconds"] for s in live["steps"])
     assert seen.is_integer() and done - max(60, math.ceil(3.0 / step_s)) <= seen <= done, (seen, done, step_s)
     assert 0 <= _value(query(url, "job:diag_last_step_age_seconds", at)) < 10
     axes = query(url, "job_axis:diag_collective_exposed_ratio:rate1m", at)

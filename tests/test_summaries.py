@@ -5,7 +5,6 @@ Stale, corrupt and unreadable files are handled as the full analysis handles bad
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import DATA, REAL_FOLDERS
+from conftest import DATA, REAL_FOLDERS, analysis, comparable
 from diag.analysis import summary_file
 from diag.analysis.summary_file import SUFFIX
 from diag.cli import main
@@ -29,20 +28,6 @@ BIN = os.path.dirname(sys.executable)
 def cli(*args, env=None):
     r = CliRunner().invoke(main, [str(a) for a in args], env=env, catch_exceptions=False)
     return r.exit_code, r.output
-
-
-def analysis(path, *flags) -> dict:
-    code, out = cli("analyze", path, "--format", "json", *flags)
-    assert code == 0, out
-    return json.loads(out)
-
-
-def comparable(d: dict) -> dict:
-    """The diagnosis without what says how it was made: the notes, and where it was read from."""
-    d = dict(d)
-    d.pop("notes")
-    d.pop("source")
-    return d
 
 
 def copy_run(src: str, dst) -> str:

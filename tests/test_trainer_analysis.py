@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, analysis, comparable
 from diag.analysis import diagnose
 from diag.trace import load_job
 
@@ -97,21 +97,9 @@ def test_the_trainers_own_summaries_give_the_full_analysis(runs):
     """Each rank summarised its own trace when its profiler finished (an idle-class `diag
     summarize`): `diag analyze` merges those summaries to the same diagnosis as parsing the
     traces, and says that it read them."""
-    from click.testing import CliRunner
-
-    from diag.cli import main
-
     path = runs[8]
     assert sorted(n for n in os.listdir(path) if n.endswith(".diagsum")) == [
         "rank-0.pt.trace.json.gz.diagsum", "rank-1.pt.trace.json.gz.diagsum"]
-
-    def analysis(*flags):
-        r = CliRunner().invoke(main, ["analyze", path, "--format", "json", *flags], catch_exceptions=False)
-        assert r.exit_code == 0, r.output
-        d = json.loads(r.output)
-        return d, {k: v for k, v in d.items() if k not in ("notes", "source")}
-
-    merged, merged_cmp = analysis()
-    full, full_cmp = analysis("--no-summaries")
-    assert merged_cmp == full_cmp
+    merged = analysis(path)
+    assert comparable(merged) == comparable(analysis(path, "--no-summaries"))
     assert any("2 of 2 ranks read from their summaries" in n for n in merged["notes"]), merged["notes"]
