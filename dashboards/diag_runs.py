@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from diag.analysis import diagnose
-from diag.analysis.collect import load_summaries
+from diag.runinputs import RunInputs, open_run
 from diag.analysis.gantt import PipelineGantt
 from diag.analysis.results import Diagnosis
 from diag.trace.job import NOT_TRACES, RUN_METADATA, SUMMARY_SUFFIX, TRACE_SUFFIXES, trace_files
@@ -159,8 +158,7 @@ def load_run(path: Path, label: str, cache: OrderedDict,
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    job = load_summaries(str(path), progress=progress)
-    d = diagnose(job)
+    d = open_run(str(path), RunInputs.from_json(os.environ.get("DIAG_DASHBOARD_INPUTS")), progress=progress)
     advice, cal = advise_run(d)
     run = LoadedRun(label=label, path=str(path), diagnosis=d, advice=advice, calibration=cal,
                     gantt=d.gantt)

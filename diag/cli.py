@@ -11,6 +11,7 @@ import sys
 import click
 
 from .report import FORMATS
+from .runinputs import RunInputs, open_run, run_options
 from .trace.errors import TraceError
 
 
@@ -61,20 +62,6 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-BENCH_NEXT_TO_TRACES = "diag_bench.json"
-
-
-def _bench_for(path: str, given: str | None):
-    """The busbw curve given with --bench, or the diag_bench.json found next to the traces."""
-    from .analysis.benchcurve import load_bench
-
-    if given:
-        return load_bench(given)
-    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)),
-                          BENCH_NEXT_TO_TRACES)
-    return load_bench(beside) if os.path.isfile(beside) else None
-
-
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="diag")
 def main() -> None:
@@ -87,63 +74,21 @@ def main() -> None:
               help="Report format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to FILE instead of stdout.")
-@click.option("--strict", is_flag=True, help="Fail on the first unreadable rank file instead of reporting it.")
-@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000),
-              help="Kernels to list per rank.")
-@click.option("--tp", "--tensor-model-parallel-size", "tp", type=click.IntRange(1), default=None,
-              help="TP size, to attribute process groups to axes (default: from diag_run.json).")
-@click.option("--pp", "--pipeline-model-parallel-size", "pp", type=click.IntRange(1), default=None,
-              help="PP size (default: from diag_run.json). DP = world / (TP x PP).")
-@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Link peak in GB/s for busbw efficiency (default: from the device's NVLink/PCIe table).")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Peak dense TFLOP/s per device for MFU (default: diag_run.json or the device table).")
-@click.option("--global-batch-size", type=click.IntRange(1), default=None, help="Sequences per step (for tokens/s, MFU).")
-@click.option("--seq-length", type=click.IntRange(1), default=None, help="Tokens per sequence.")
-@click.option("--num-layers", type=click.IntRange(1), default=None, help="Transformer layers (for model FLOPs).")
-@click.option("--hidden-size", type=click.IntRange(1), default=None, help="Hidden size (for model FLOPs).")
-@click.option("--vocab-size", type=click.IntRange(1), default=None, help="Vocabulary size (for model FLOPs).")
-@click.option("--num-micro-batches", type=click.IntRange(1), default=None, help="Micro-batches per step (for the ideal bubble).")
-@click.option("--bench", "bench_path", type=click.Path(dir_okay=False), default=None,
-              help="A `diag bench` result: set each collective against the busbw measured on its axis at its "
-                   "size (default: diag_bench.json next to the traces, if there is one).")
-@click.option("--no-summaries", is_flag=True,
-              help="Analyse every trace even where `diag summarize` left a summary (*.diagsum) of it.")
-def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp, pp, link_gbps, peak_tflops,
-            bench_path, no_summaries: bool, **shape) -> None:
+@run_options
+def analyze(path: str, fmt: str, output: str | None, inputs: RunInputs) -> None:
     """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
 
-    Where a rank's summary (`diag summarize`, or the trainer's own) sits next to its trace and
-    was made from it, the summary is used instead of parsing the trace again; a directory of
-    summaries alone (the traces left on the cluster) is analysed too. Run facts (sizes, batch,
-    model shape) come from the trainer's diag_run.json next to the traces; the flags override
-    them, and what neither gives is reported as unknown.
+    A directory may be a job's own layout: rank traces in subfolders, or torchtitan's
+    profile_traces/iteration_N (the latest is taken; --iteration N for another). Where a rank's
+    summary (`diag summarize`, or the trainer's own) sits next to its trace and was made from it,
+    the summary is used instead of parsing the trace again; a directory of summaries alone is
+    analysed too. The layout comes from the traces' process-group names, else from the sizes
+    given (flags, --config, or the trainer's diag_run.json); run facts (batch, model shape) from
+    diag_run.json, --config or the flags; what none gives is reported as unknown.
     """
-    from .analysis import diagnose
-    from .analysis.collect import load_summaries
     from .report import render
 
-    bar, update = _progress()
-    kw = dict(strict=strict, top_n=top, use_summaries=not no_summaries)
-    try:
-        if bar:
-            with bar:
-                job = load_summaries(path, progress=update, **kw)
-        else:
-            job = load_summaries(path, **kw)
-    except TraceError as e:
-        click.echo(f"diag: error: {e}", err=True)
-        sys.exit(2)
-    try:
-        bench = _bench_for(path, bench_path)
-        diagnosis = diagnose(job, top_n=top, tp=tp, pp=pp, link_gbps=link_gbps, peak_tflops=peak_tflops,
-                             shape=shape, bench=bench)
-    except TraceError as e:          # an unreadable --bench file
-        click.echo(f"diag: error: {e}", err=True)
-        sys.exit(2)
-    except ValueError as e:          # e.g. --tp/--pp that do not divide the world size
-        click.echo(f"diag: error: {path}: {e}", err=True)
-        sys.exit(2)
+    diagnosis = diagnose_or_exit(path, inputs)
     report = render(diagnosis, fmt)
     if output:
         try:
@@ -154,6 +99,21 @@ def analyze(path: str, fmt: str, output: str | None, strict: bool, top: int, tp,
             sys.exit(2)
     else:
         click.echo(report, nl=False)
+
+
+def diagnose_or_exit(path: str, inputs: RunInputs):
+    """open_run with a progress bar on a terminal; exit 2 with one line on bad input."""
+    bar, update = _progress()
+    try:
+        if bar:
+            with bar:
+                return open_run(path, inputs, progress=update)
+        return open_run(path, inputs)
+    except TraceError as e:
+        click.echo(f"diag: error: {e}", err=True)
+    except ValueError as e:          # e.g. sizes that do not divide the world size
+        click.echo(f"diag: error: {path}: {e}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

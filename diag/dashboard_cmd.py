@@ -15,6 +15,7 @@ from typing import Optional
 import click
 
 from .ports import free_port
+from .runinputs import RunInputs, run_options
 
 APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
 
@@ -46,8 +47,9 @@ def streamlit_argv(port: int, address: str, max_upload_mb: int) -> list[str]:
             "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
 
 
-def app_env(root: Path, run: Optional[str], max_upload_mb: int) -> dict:
-    env = dict(os.environ, DIAG_DASHBOARD_ROOT=str(root), DIAG_DASHBOARD_MAX_UPLOAD_MB=str(max_upload_mb))
+def app_env(root: Path, run: Optional[str], max_upload_mb: int, inputs: Optional[RunInputs] = None) -> dict:
+    env = dict(os.environ, DIAG_DASHBOARD_ROOT=str(root), DIAG_DASHBOARD_MAX_UPLOAD_MB=str(max_upload_mb),
+               DIAG_DASHBOARD_INPUTS=(inputs or RunInputs()).to_json())
     if run:
         env["DIAG_DASHBOARD_RUN"] = run
     else:
@@ -65,8 +67,13 @@ def app_env(root: Path, run: Optional[str], max_upload_mb: int) -> dict:
               help="Address to bind; 0.0.0.0 exposes the traces to the network.")
 @click.option("--max-upload-mb", type=click.IntRange(1, 10_000), default=500, show_default=True,
               help="Largest upload accepted, in MB (all files of one upload together).")
-def dashboard(path: Optional[str], root: Optional[str], port: int, address: str, max_upload_mb: int) -> None:
-    """Browse runs in a Streamlit app: one run's story, or two runs side by side."""
+@run_options
+def dashboard(path: Optional[str], root: Optional[str], port: int, address: str, max_upload_mb: int,
+              inputs: RunInputs) -> None:
+    """Browse runs in a Streamlit app: one run's story, or two runs side by side.
+
+    The layout, config file and model-shape flags are those of `diag analyze`; the app opens
+    every run with them."""
     try:
         import streamlit  # noqa: F401
         import plotly  # noqa: F401
@@ -77,4 +84,4 @@ def dashboard(path: Optional[str], root: Optional[str], port: int, address: str,
     port = port or free_port(address)
     click.echo(f"diag dashboard: http://{address}:{port}/  (root {r}{', run ' + run if run else ''})", err=True)
     argv = streamlit_argv(port, address, max_upload_mb)
-    os.execve(sys.executable, argv, app_env(r, run, max_upload_mb))
+    os.execve(sys.executable, argv, app_env(r, run, max_upload_mb, inputs))

@@ -32,7 +32,8 @@ from .analysis import summary_file
 from .analysis.collect import summarize_file
 from .analysis.rankpass import KEEP_KERNELS
 from .trace.errors import TraceError
-from .trace.job import each_file, trace_files
+from .trace import discover
+from .trace.job import each_file
 from .trace.read import file_size
 
 _LAUNCHERS = (("SLURM_PROCID", "SLURM_NTASKS", "srun"), ("RANK", "WORLD_SIZE", "torchrun"))
@@ -57,8 +58,12 @@ def shard_of(given: Optional[str], env=os.environ) -> tuple[int, int, str]:
 def files_of(paths: tuple[str, ...]) -> list[str]:
     out = []
     for p in paths:
-        if os.path.isdir(p):
-            out += trace_files(p)
+        if os.path.isdir(p):             # the job's own layout too: subfolders, the latest iteration_N
+            try:
+                out += discover.find(p).traces
+            except TraceError:
+                pass                     # no traces: said once for all the paths below
+
         elif os.path.isfile(p):
             out.append(p)
         else:

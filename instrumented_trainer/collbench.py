@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from diag.analysis.bandwidth import busbw, algbw, message_bytes
-from diag.topology import Axis, RankGrid
+from diag.layout import Axis, RankGrid
 from diag.trace.kinds import Coll
 from instrumented_trainer.launch import spawn
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diag.topology import RankGrid
+from diag.layout import RankGrid
 
 
 @dataclass(frozen=True, kw_only=True)

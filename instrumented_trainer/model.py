@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diag.topology import Axis
+from diag.layout import Axis
 from instrumented_trainer.config import ModelConfig
 from instrumented_trainer.parallel.tensor_parallel import (
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, full_init, scaled_std,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from diag.topology import Axis
+from diag.layout import Axis
 from instrumented_trainer.config import JobConfig
 from instrumented_trainer.data import global_batch, replica_micro_batches
 from instrumented_trainer.model import GPTStage

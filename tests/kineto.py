@@ -18,6 +18,7 @@ class TraceBuilder:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.pid, self.device, self.base = pid, device, base_ts
         self.events: list[dict] = []
+        self.pg_config: list[dict] = []      # distributedInfo.pg_config, when given
         self._corr = count(1)
 
     def step(self, n: int, ts: float, dur: float) -> "TraceBuilder":
@@ -26,10 +27,12 @@ class TraceBuilder:
                             "args": {"External id": n}})
         return self
 
-    def cpu_op(self, name: str, ts: float, dur: float, tid: Optional[int] = None, cat: str = "cpu_op") -> "TraceBuilder":
+    def cpu_op(self, name: str, ts: float, dur: float, tid: Optional[int] = None, cat: str = "cpu_op",
+               **args) -> "TraceBuilder":
+        """args: more event args by their Kineto names, e.g. **{"Input Dims": [[64]]}."""
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid,
                             "tid": self.pid if tid is None else tid, "ts": self.base + ts, "dur": dur,
-                            "args": {"External id": 0}})
+                            "args": {"External id": 0, **args}})
         return self
 
     def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_us: Optional[float] = None,
@@ -47,7 +50,8 @@ class TraceBuilder:
 
     def doc(self) -> dict:
         return {"schemaVersion": 1, "deviceProperties": [{"id": self.device, "name": "Test GPU"}],
-                "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size},
+                "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size,
+                                    **({"pg_config": self.pg_config} if self.pg_config else {})},
                 "traceEvents": self.events}
 
     def write(self, path: str, gz: Optional[bool] = None) -> str:

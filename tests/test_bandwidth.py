@@ -2,16 +2,22 @@
 
 Expected values are worked out by hand here, not computed with the code under test.
 """
+import glob
+import json
 import math
+import os
 
 import numpy as np
 import pytest
+from conftest import DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diag.analysis import diagnose
 from diag.analysis.bandwidth import (BUCKETS, algbw, algbw_array, bus_factor,
                                      bus_factor_array, busbw, busbw_array, message_bytes,
                                      size_bucket, size_bucket_array)
+from diag.trace import load_job
 from diag.trace.kinds import Coll
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -220,3 +226,69 @@ def test_size_bucket_array_matches_scalar(xs):
     for x, i in zip(xs, idx):
         label = size_bucket(x)
         assert (i == -1) if label is None else (BUCKETS[i] == label)
+
+
+# --- real traces that name no group: n from the match (tests/data/README.md) ---------------
+# torchrec's DLRM jobs (old NCCL traces): SendRecv kernels without NCCL args, no pg_config.
+# diag matches their all-to-alls across all ranks by order; a complete match says n.
+DLRM = {"dlrm_2_ranks_alltoall": 2, "dlrm_4_ranks_alltoall": 4}
+SIZE_ARGS = ("In msg nelems", "Out msg nelems", "Input Dims", "Input type", "dtype")
+
+
+def _events(path: str) -> list:
+    with open(path) as f:
+        return json.load(f)["traceEvents"]
+
+
+def _window_sendrecv(events: list) -> list:
+    """The SendRecv kernels launched before the last ProfilerStep starts (the analysis window,
+    HTA's convention), in time order."""
+    last = max(e["ts"] for e in events if e.get("name", "").startswith("ProfilerStep"))
+    launch = {e["args"]["correlation"]: e["ts"] for e in events
+              if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    kernels = sorted((e for e in events if "SendRecv" in e.get("name", "")), key=lambda e: e["ts"])
+    return [e for e in kernels if launch.get(e["args"]["correlation"], math.inf) < last]
+
+
+def _traces(folder: str) -> list:
+    return sorted(glob.glob(os.path.join(DATA, folder, "*.json")))
+
+
+@pytest.mark.parametrize("folder,n", DLRM.items())
+def test_inferred_group_size_on_real_traces(folder, n):
+    """n is the ranks matched; busbw stays unknown because no event of these traces says a
+    message size (no NCCL args, no Input Dims): unknown, not guessed."""
+    files = _traces(folder)
+    assert len(files) == n
+    assert not any(k in e.get("args", {}) for f in files for e in _events(f) for k in SIZE_ARGS)
+    d = diagnose(load_job(os.path.dirname(files[0])))
+    (op,) = d.comm.ops
+    assert (op.op, op.group_size, op.calls) == ("all_to_all", n, n * len(_window_sendrecv(_events(files[0]))))
+    assert op.busbw_median_gbps is None and op.size_bucket == "unknown"
+    assert [n for n in d.comm.notes if n.startswith("busbw unknown")] == [
+        "busbw unknown for unknown:all_to_all: the traces record no message size (neither NCCL's `In msg nelems` "
+        "nor the ops' `Input Dims`: torch.profiler's record_shapes=True)"]
+
+
+def test_busbw_of_an_inferred_group_from_a_real_trace_given_sizes(tmp_path):
+    """dlrm_4 with a message size written on every SendRecv kernel (1 Mi float32 elements; the
+    trace has none): busbw = S / t x (n-1)/n with t the shortest of the k-th all-to-all over the
+    4 ranks (nccl-tests; S = the per-rank send buffer), median over the window's all-to-alls."""
+    nelems, n = 2**20, 4
+    windows = []
+    for f in _traces("dlrm_4_ranks_alltoall"):
+        with open(f) as fh:
+            doc = json.load(fh)
+        for e in doc["traceEvents"]:
+            if "SendRecv" in e.get("name", ""):
+                e["args"].update({"In msg nelems": nelems, "Out msg nelems": nelems, "dtype": "Float"})
+        windows.append(_window_sendrecv(doc["traceEvents"]))
+        with open(tmp_path / os.path.basename(f), "w") as fh:
+            json.dump(doc, fh)
+    shortest_us = [min(k["dur"] for k in ks) for ks in zip(*windows)]      # the k-th on every rank
+    want = float(np.median([nelems * 4 / (t * 1e-6) * (n - 1) / n / 1e9 for t in shortest_us]))
+    comm = diagnose(load_job(str(tmp_path))).comm
+    (op,) = comm.ops
+    assert (op.group_size, op.busbw_basis, op.median_bytes) == (n, "transfer", nelems * 4)
+    assert not [note for note in comm.notes if note.startswith("busbw unknown")]
+    assert op.busbw_median_gbps == pytest.approx(want, rel=1e-9)

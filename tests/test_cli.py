@@ -29,7 +29,11 @@ def test_json_report_schema(tmp_path):
     p = diag("analyze", os.path.join(DATA, "dlrm_2_ranks_alltoall"), "--format", "json", "-o", str(out))
     assert p.returncode == 0 and p.stdout == ""
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "1.0" and d["world_size"] == 2
+    assert d["schema_version"] == "1.1" and d["world_size"] == 2
+    (s,) = d["comm"]["stragglers"]        # rank 1 arrives last (README); a set's keys say it is one rank
+    assert (s["rank"], s["ranks"], s["kind"], s["basis"], s["who"]) == (1, [1], "rank", "collectives", "rank 1")
+    assert d["comm"]["stragglers_unknown"] is None and d["comm"]["ops"][0]["group_size"] == 2
+    assert [(f["kind"], f["ranks"]) for f in d["findings"] if f["kind"] == "straggler"] == [("straggler", [1])]
     r = d["ranks"][0]
     assert set(r["breakdown"]) >= {"timeline", "span_s", "compute_s", "comm_s", "memory_s", "other_s", "idle_s"}
     assert set(r["overlap"]) >= {"comm_s", "overlapped_s", "ratio", "exposed_s", "exposed_per_step_s"}

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from streamlit.proto.Common_pb2 import FileURLs
 from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
 from streamlit.testing.v1 import AppTest
+from test_straggler_sets import turns_job
 
 from diag.analysis import diagnose
 from diag.analysis.collect import summarize_file
@@ -56,9 +57,9 @@ def diagnosis(root):
     return diagnose(load_job(str(root / "tp2_pp2_dp2")))
 
 
-def app(root, monkeypatch, page=None, **query) -> AppTest:
+def app(root, monkeypatch, page=None, run="tp2_pp2_dp2", **query) -> AppTest:
     monkeypatch.setenv("DIAG_DASHBOARD_ROOT", str(root))
-    monkeypatch.setenv("DIAG_DASHBOARD_RUN", "tp2_pp2_dp2")
+    monkeypatch.setenv("DIAG_DASHBOARD_RUN", run)
     at = AppTest.from_file(APP, default_timeout=60)
     at.query_params.update(query)
     at.run()
@@ -107,7 +108,24 @@ def test_ranks_page(root, monkeypatch, diagnosis):
     assert len(at.get("plotly_chart")) == 2 and not at.error
     warned = [w.value for w in at.warning]
     assert len(warned) == len(diagnosis.comm.stragglers)
-    assert all(f"rank {s.rank} " in w for s, w in zip(diagnosis.comm.stragglers, warned))
+    assert all(f"{s.who} " in w for s, w in zip(diagnosis.comm.stragglers, warned))
+
+
+def test_ranks_page_names_a_set_of_stragglers(tmp_path, monkeypatch):
+    """Ranks 3 and 6 of a synthesised TP=8 job take turns being late (test_straggler_sets)."""
+    d, _ = turns_job(tmp_path / "turns")
+    at = app(tmp_path, monkeypatch, "ranks", run="turns")
+    assert [w.value for w in at.warning] == [f"Straggler: {d.comm.stragglers[0].who} {d.comm.stragglers[0].reason}: "
+                                             f"{d.comm.stragglers[0].evidence}"]
+    assert d.comm.stragglers[0].who == "ranks 3 and 6" and not at.success
+
+
+def test_ranks_page_says_when_it_cannot_tell(tmp_path, monkeypatch):
+    """Rank 0 of a 2-rank job alone: nothing can be matched, so no "No straggler" either."""
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "a100_rank0_of_2_nccl_args"), tmp_path / "one_of_two")
+    at = app(tmp_path, monkeypatch, "ranks", run="one_of_two")
+    assert [i.value for i in at.info] == ["Stragglers: cannot tell (no collective could be matched across ranks)."]
+    assert not at.warning and not at.success
 
 
 def test_recommendations_and_what_if(root, monkeypatch, diagnosis):

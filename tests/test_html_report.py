@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from plotly.offline import get_plotlyjs_version
 
 from diag.analysis import diagnose
-from diag.analysis.diagnose import job_grid
+from diag.analysis.diagnose import job_layout, summaries_of
 from diag.analysis.gantt import rank_step
 from diag.cli import main
 from diag.report.html import render_html
@@ -43,7 +43,7 @@ def test_cli_writes_a_self_contained_report(tmp_path):
 def test_report_holds_the_diagnosis_numbers():
     job = load_job(SAMPLE)
     d = diagnose(job)
-    grid = job_grid(job, None, None)
+    grid = job_layout(job, summaries_of(job))
     by_rank = {rt.rank: rt for rt in job.ranks}
     # diagnose() carries the Gantt, made from the per-rank summaries; each row equals the one
     # made straight from that rank's trace

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from diag.analysis.throughput import (attention_flops_per_token, gpt_params,
+from diag.analysis.throughput import (attention_flops_per_token, default_ffn_hidden, gpt_params,
                                       hfu_flops_per_step, mfu, model_flops_per_step,
                                       tokens_per_second_per_gpu)
 
@@ -90,3 +90,58 @@ def test_gpt3_mfu_end_to_end():
     want = 1_076_373_430_272 * 3_145_728 / (20 * 1024 * 312e12)
     assert mfu(flops, 20.0, 1024, 312e12) == pytest.approx(want, rel=1e-12)
     assert 0.52 < want < 0.53
+
+
+# Llama 3 8B (torchtitan's "8B" flavour, Meta's config): L=32, h=4096, 32 query heads, 8 key/value
+# heads, SwiGLU MLP of 14336, untied vocabulary of 128256.
+L3 = dict(num_layers=32, hidden=4096, vocab=128256)
+L3_ARCH = dict(num_heads=32, num_query_groups=8, swiglu=True)
+
+
+def test_llama3_8b_params_swiglu_gqa():
+    q_o = 2 * 4096 * 4096                     # 33,554,432
+    k_v = 2 * 4096 * (4096 * 8 // 32)         # h_kv = 1024: 8,388,608
+    mlp = 3 * 4096 * 14336                    # gate, up, down: 176,160,768
+    head = 128256 * 4096                      # 525,336,576
+    n = 32 * (q_o + k_v + mlp) + head
+    assert n == 7_504_658_432
+    assert gpt_params(**L3, ffn_hidden=14336, **L3_ARCH) == n
+    # + the input embedding and the 65 RMSNorm weight vectors = Meta's published 8,030,261,248
+    assert n + head + (2 * 32 + 1) * 4096 == 8_030_261_248
+
+
+def test_llama3_8b_flops_per_token():
+    n = 7_504_658_432
+    attn = 12 * 32 * 4096 * 8192              # attention at s = 8192: 12,884,901,888 per token
+    got = model_flops_per_step(32, 4096, 8192, 128256, 1.0, ffn_hidden=14336, **L3_ARCH)
+    assert got == 6 * n + attn == 57_912_852_480
+    # HFU with full recompute adds the blocks' forward again: 2 (N - V h) + 4 L h s per token
+    full = hfu_flops_per_step(32, 4096, 8192, 128256, 1.0, ffn_hidden=14336, recompute="full", **L3_ARCH)
+    assert full == got + 2 * (n - 128256 * 4096) + 4 * 32 * 4096 * 8192
+
+
+def test_small_swiglu_gqa_by_hand():
+    # L=2, h=8, 4 heads, 2 groups (h_kv = 4), SwiGLU f=12, V=10:
+    # per layer 2*64 + 2*8*4 + 3*8*12 = 128 + 64 + 288 = 480; N = 2*480 + 80 = 1040
+    assert gpt_params(2, 8, 10, 12, num_heads=4, num_query_groups=2, swiglu=True) == 1040
+    # the same without GQA (h_kv = h): 2*(128 + 128 + 288) + 80 = 1168; heads alone change nothing
+    assert gpt_params(2, 8, 10, 12, swiglu=True) == gpt_params(2, 8, 10, 12, num_heads=4, swiglu=True) == 1168
+
+
+def test_swiglu_default_width_is_megatrons():
+    # int(4 h * 2/3 / 64) * 64: h = 4096 -> int(170.67) * 64 = 10880; h = 8 -> int(0.33) * 64 = 0
+    assert default_ffn_hidden(4096, swiglu=True) == 10880
+    assert default_ffn_hidden(4096) == 16384
+    assert gpt_params(1, 4096, 0, swiglu=True) == 4 * 4096 ** 2 + 3 * 4096 * 10880
+
+
+def test_rates_use_the_real_shape():
+    from types import SimpleNamespace
+
+    from diag.analysis.rates import throughput
+
+    meta = dict(global_batch_size=16, seq_length=8192, num_layers=32, hidden_size=4096, vocab_size=128256,
+                ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8, swiglu=True)
+    t = throughput([SimpleNamespace(step_time_s=2.0, device=None)], meta, 8, peak_tflops=1000)
+    assert t.model_flops_per_step == 57_912_852_480 * 16 * 8192
+    assert t.mfu == pytest.approx(57_912_852_480 * 16 * 8192 / (2.0 * 8 * 1e15))

@@ -3,14 +3,16 @@ import streamlit as st
 
 import ui
 from diag.report import charts
+from diag.report.fmt import straggler_line
 
 d = ui.current().diagnosis
 st.title("Ranks")
 stragglers = d.comm.stragglers if d.comm else []
-if stragglers:
-    for s in stragglers:
-        st.warning(f"Straggler: rank {s.rank} {s.reason}: {s.evidence}")
-else:
+for s in stragglers:
+    st.warning(f"Straggler: {straggler_line(s)}")
+if d.comm and d.comm.stragglers_unknown:
+    st.info(f"Stragglers: cannot tell ({d.comm.stragglers_unknown}).")
+elif not stragglers:
     st.success("No straggler: no rank's steps or arrivals at collectives stand out.")
 st.plotly_chart(charts.step_heatmap(d), width="stretch")
 if d.comm:

@@ -32,6 +32,18 @@ class CalibrationError(ValueError):
     """The diagnosis lacks what the model needs (said in the message)."""
 
 
+# The schedules' names as runs and configs write them -> the step-time model's.
+MODEL_SCHEDULES = {None: "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved",
+                   "interleaved-1f1b": "interleaved", "interleaved_1f1b": "interleaved"}
+
+
+def model_schedule(name) -> str:
+    if name not in MODEL_SCHEDULES:
+        raise CalibrationError(f"cannot calibrate the step-time model: it has no {name!r} schedule "
+                               f"(it models {', '.join(sorted({v for v in MODEL_SCHEDULES.values()}))})")
+    return MODEL_SCHEDULES[name]
+
+
 @dataclass(frozen=True)
 class Calibration:
     workload: Workload
@@ -80,7 +92,8 @@ def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
 def _need(meta: dict, d: Diagnosis, key: str):
     v = meta.get(key)
     if v is None:
-        raise CalibrationError(f"cannot calibrate the step-time model: {key} unknown (no diag_run.json)")
+        raise CalibrationError(f"cannot calibrate the step-time model: {key} unknown (not in diag_run.json, "
+                               f"--config or --{key.replace('_', '-')}, nor readable from the trace)")
     return v
 
 
@@ -90,12 +103,16 @@ def _steps(d: Diagnosis) -> int:
 
 def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
     """Per pipeline stage, the mean over its ranks of breakdown.<what>_s per step."""
-    tp = int((d.run or {}).get("tp") or 1)
-    dp = max(1, (d.world_size or len(d.ranks)) // (tp * pp))
+    if d.pipeline and d.pipeline.stages:
+        stage_of = {r: st.stage for st in d.pipeline.stages for r in st.ranks}
+    else:                                        # one stage, or the Megatron order as the facts say
+        tp = int(d.facts.get("tp") or 1)
+        dp = max(1, (d.world_size or len(d.ranks)) // (tp * pp))
+        stage_of = {r.rank: r.rank // (tp * dp) for r in d.ranks}
     out = []
     for s in range(pp):
         vals = [getattr(r.breakdown, what) / max(sum(x.in_window for x in r.steps), 1)
-                for r in d.ranks if (r.rank // (tp * dp)) == s]
+                for r in d.ranks if stage_of.get(r.rank) == s]
         out.append(float(np.mean(vals)) if vals else math.nan)
     if any(math.isnan(v) for v in out):
         raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
@@ -127,7 +144,7 @@ def _grad_bytes(d: Diagnosis, meta: dict, shards: int, notes: list) -> float:
 
 
 def calibrate(d: Diagnosis) -> Calibration:
-    meta = dict(d.run or {})
+    meta = dict(d.facts or d.run or {})
     tp, pp = int(meta.get("tp") or 1), int(meta.get("pp") or (d.pipeline.p if d.pipeline else 1))
     dp = int(meta.get("dp") or max(1, (d.world_size or 1) // (tp * pp)))
     layers, mbs = int(_need(meta, d, "num_layers")), int(_need(meta, d, "micro_batch_size"))
@@ -155,7 +172,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
-               schedule=meta.get("pipeline_schedule") or "1f1b",
+               schedule=model_schedule(meta.get("pipeline_schedule")),
                overlap_grad_reduce=bool(meta.get("overlap_grad_reduce")),
                bucket_bytes=4.0 * float(meta.get("ddp_bucket_size") or 1e7))
     tokens = d.throughput.tokens_per_step if d.throughput else None

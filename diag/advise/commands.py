@@ -10,6 +10,7 @@ import sys
 import click
 
 from ..report.advice import ADVICE_FORMATS
+from ..runinputs import run_options
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -17,15 +18,11 @@ def _fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def _diagnose(path: str):
-    from ..analysis import diagnose
-    from ..analysis.collect import load_summaries
-    from ..trace.errors import TraceError
+def _diagnose(path: str, inputs=None):
+    from ..cli import diagnose_or_exit
+    from ..runinputs import RunInputs
 
-    try:
-        return diagnose(load_summaries(path))
-    except (TraceError, ValueError) as e:
-        _fail(f"{path}: {e}" if path not in str(e) else str(e))
+    return diagnose_or_exit(path, inputs or RunInputs())
 
 
 def _emit(text: str, output) -> None:
@@ -47,12 +44,13 @@ OUTPUT = click.option("--output", "-o", type=click.Path(dir_okay=False), help="W
 @click.argument("path", type=click.Path())
 @FORMAT
 @OUTPUT
-def recommend(path: str, fmt: str, output) -> None:
+@run_options
+def recommend(path: str, fmt: str, output, inputs) -> None:
     """Recommend the next configuration to try for the run at PATH, with predicted gains."""
     from ..report.advice import render_advice
     from .recommend import advise
 
-    _emit(render_advice(advise(_diagnose(path)), fmt), output)
+    _emit(render_advice(advise(_diagnose(path, inputs)), fmt), output)
 
 
 @click.command()

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from ..analysis.bandwidth import bus_factor
-from ..topology import RankGrid
+from ..layout import RankGrid
 from ..trace.kinds import Coll
 from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
 
@@ -273,7 +273,8 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
     """Timeline of `steps` steady-state steps of every rank (one warm-up step is run and dropped).
 
     stage_slowdown {stage: factor} scales a stage's compute (imbalance); rank_delay {rank: s}
-    holds one rank back by s seconds at the start of each step (a straggler).
+    holds one rank back by s seconds at the start of each step (a straggler), or by s[k % len(s)]
+    at the start of step k when s is a sequence (ranks taking turns being late).
     """
     config.check(workload)
     if steps < 1:
@@ -285,12 +286,18 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
         pl = place(grid, r)
         main, dp = [], []
         for k in range(-WARMUP_STEPS, steps):
-            mk, dk = step_program(config.schedule, config.num_micro_batches, pl, costs[pl.stage], k, delay.get(r, 0.0))
+            mk, dk = step_program(config.schedule, config.num_micro_batches, pl, costs[pl.stage], k,
+                                  _delay_at(delay.get(r, 0.0), k))
             main += [(k, i) for i in mk]
             dp += [(k, i) for i in dk]
         programs[(r, "main")], programs[(r, "dp")] = main, dp
     records, marks, ends = Engine(programs).run()
     return _timeline(grid, steps, records, marks, ends)
+
+
+def _delay_at(delay, k: int) -> float:
+    """A rank's delay at step k (negative in warm-up): the same every step, or its turn in a cycle."""
+    return float(delay) if np.isscalar(delay) else float(delay[k % len(delay)])
 
 
 def _timeline(grid: RankGrid, steps: int, records, marks, ends) -> Timeline:

@@ -28,6 +28,7 @@ class Evidence:
 @dataclass
 class Recommendation:
     rule: str                          # bubble | dp_overlap | dp_bucket | tp_layout | micro_batch | rebalance | bf16 | straggler
+                                       # | <axis>_exposed (unpriced: the model could not be calibrated)
     title: str                         # one line: the change, in words
     evidence: list[Evidence]
     flags: dict                        # trainer / Megatron-LM flag -> new value ("" for a switch turned on)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Optional
 
+from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
 from .calibrate import with_micro_batch
 
@@ -68,7 +70,7 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
     per_stage = ctx.cal.workload.num_layers // c.pp
     if c.schedule != "1f1b" or per_stage < 2 or c.num_micro_batches % c.pp:
         return []
-    bubble_s = max(s.bubble_s for s in p.stages)
+    bubble_s = max(s.bubble_s or 0.0 for s in p.stages)      # None: a stage's bubble is unknown
     after = ctx.step_s - bubble_s * (1 - 1 / 2)
     return ctx.make("bubble", f"interleaved 1F1B with 2 virtual stages per rank ({per_stage // 2} layers each)", e,
                     {"--num-layers-per-virtual-pipeline-stage": str(per_stage // 2)}, after, confidence="low",
@@ -123,7 +125,7 @@ def tp_layout(ctx: Context) -> list[Recommendation]:
 
 def micro_batch(ctx: Context) -> list[Recommendation]:
     """Launch-bound (idle between short kernels, or host-bound) -> larger micro-batch, same global batch."""
-    idle = [f for f in ctx.d.findings if f.what in ("GPU idle", "host idle (outside operators)")]
+    idle = [f for f in ctx.d.findings if f.kind == FindingKind.IDLE]
     if not idle or (idle[0].share_of_step or 0) < IDLE_MIN:
         return []
     f = idle[0]
@@ -221,30 +223,61 @@ def bf16(ctx: Context) -> list[Recommendation]:
                                  "from the top kernels of one rank"])
 
 
+def _wait_for(ctx: Context, s) -> Optional[Finding]:
+    """The finding of the others' wait for straggler s (none for a rank found from its step time)."""
+    return next((f for f in ctx.d.findings if f.kind == FindingKind.STRAGGLER and f.ranks == s.ranks), None)
+
+
+def _straggler_checks(ctx: Context, s) -> list[str]:
+    """What to look at on the late ranks: how idle each is tells a late host from a slow device."""
+    checks = [f"{s.who}: {s.reason}: {s.evidence}"]
+    late = [x for x in ctx.d.ranks if x.rank in s.ranks]
+    cause = ("a late host (data loading, CPU contention, GC, logging) if high, a slow device (clocks, thermals: "
+             "nvidia-smi -q -d PERFORMANCE) if low")
+    if len(late) == 1:
+        r = late[0]
+        checks.append(f"rank {r.rank} is {r.breakdown.pct(r.breakdown.idle_s):.0f}% idle on its {r.timeline} "
+                      f"timeline: {cause}")
+    elif late:
+        idle = ", ".join(f"rank {r.rank} {r.breakdown.pct(r.breakdown.idle_s):.0f}%" for r in late[:8])
+        checks.append(f"idle on their {late[0].timeline} timelines: {idle}{', ...' * (len(late) > 8)}: {cause}")
+    return checks + [_where_to_look(s)]
+
+
+def _where_to_look(s) -> str:
+    if s.kind == StragglerKind.NODE:
+        return f"node {s.node}: its NIC / NVLink counters and other jobs on it"
+    if s.kind == StragglerKind.BLOCK:
+        return "whether these ranks share a node, and that node's NIC / NVLink counters and other jobs on it"
+    if len(s.ranks) > 1:
+        return "their nodes' NIC / NVLink counters and other jobs on those nodes"
+    return "its node's NIC / NVLink counters and other jobs on the node"
+
+
 def straggler(ctx: Context) -> list[Recommendation]:
-    """Ranks the others wait for -> which, and what to check on them (no flag fixes a slow host)."""
+    """Ranks the others wait for -> which, and what to check on them (no flag fixes a slow host).
+
+    Fires when the others' wait is STRAGGLER_MIN of the step, and always when it is the step's
+    biggest loss: a report that leads with waiting for a rank never ends in "nothing worth changing"."""
     out = []
+    top = ctx.d.findings[0] if ctx.d.findings else None
     for s in (ctx.d.comm.stragglers if ctx.d.comm else []):
-        wait = [f for f in ctx.d.findings if f.what == f"waiting for rank {s.rank}"]
-        r = next((x for x in ctx.d.ranks if x.rank == s.rank), None)
+        wait = _wait_for(ctx, s)
         if wait:
-            if ctx.step_s and wait[0].seconds_per_step < STRAGGLER_MIN * ctx.step_s:
+            if ctx.step_s and wait.seconds_per_step < STRAGGLER_MIN * ctx.step_s and wait is not top:
                 continue
-            e = [ev(f"others' wait for rank {s.rank}", wait[0].seconds_per_step * 1e3,
+            e = [ev(f"others' wait for {s.who}", wait.seconds_per_step * 1e3,
                     STRAGGLER_MIN * (ctx.step_s or 0) * 1e3, "ms/step", "Where the time goes; straggler line")]
-            after = ctx.step_s - wait[0].seconds_per_step if ctx.step_s else None
+            after = ctx.step_s - wait.seconds_per_step if ctx.step_s else None
         else:
+            r = next((x for x in ctx.d.ranks if x.rank == s.rank), None)
             e = [ev(f"step time of rank {s.rank}", (r.step_time_s or 0) * 1e3 if r else 0.0, 0.0, "ms", s.evidence)]
             after = None
-        checks = [f"rank {s.rank}: {s.reason}: {s.evidence}"]
-        if r is not None:
-            checks.append(f"rank {s.rank} is {r.breakdown.pct(r.breakdown.idle_s):.0f}% idle on its "
-                          f"{r.timeline} timeline: a late host (data loading, CPU contention, GC, logging) if high, "
-                          "a slow device (clocks, thermals: nvidia-smi -q -d PERFORMANCE) if low")
-        checks.append("its node's NIC / NVLink counters and other jobs on the node")
-        out += ctx.make("straggler", f"find out why rank {s.rank} is late", e, {}, after, confidence="low",
+        one = len(s.ranks) == 1
+        out += ctx.make("straggler", f"find out why {s.who} {'is' if one else 'are'} late", e, {}, after,
+                        confidence="low", checks=_straggler_checks(ctx, s),
                         why="collectives finish when the last rank arrives; the others' wait is time the job "
-                            "loses to one rank", checks=checks,
+                            f"loses to {'one rank' if one else 'these ranks'}",
                         assumptions=["upper bound: the others' whole wait removed"], runnable=False)
     return out
 
@@ -256,7 +289,7 @@ def dp_bucket_curve(ctx: Context) -> list[Recommendation]:
     size): the exposed DP time shrinks like busbw now / busbw on the plateau.
     """
     a = ctx.axis("dp")
-    meta = ctx.d.run or {}
+    meta = ctx.d.facts or ctx.d.run or {}
     ops = [o for o in (ctx.d.comm.ops if ctx.d.comm else []) if o.axis == "dp" and o.op == "all_reduce"
            and o.achievable_gbps and o.plateau_gbps and o.plateau_bytes and o.median_bytes]
     if a is None or not ops or not ctx.step_s or not meta.get("ddp_bucket_size"):
@@ -283,4 +316,44 @@ def dp_bucket_curve(ctx: Context) -> list[Recommendation]:
                                  "less of them may hide"])
 
 
-RULES = (bubble, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler)
+# Without a calibrated model (a foreign job whose shape is unknown) a measured loss still earns a
+# recommendation: what to try for it, priced at its upper bound (the whole loss removed), with what
+# would price it properly. Lever per axis in Megatron-LM's terms.
+UNPRICED_LEVERS = {
+    "tp": ("hide or shrink the exposed TP communication",
+           "sequence parallelism (--sequence-parallel), TP inside one node, or a lower TP with more PP/DP"),
+    "pp": ("shrink the pipeline bubble",
+           "more micro-batches per step, or interleaved stages (--num-layers-per-virtual-pipeline-stage)"),
+    "dp": ("overlap the DP gradient reduction with backward", "--overlap-grad-reduce, larger DP buckets"),
+    "dp_shard": ("hide the FSDP all-gathers and reduce-scatters",
+                 "prefetching, fewer/larger FSDP units, or HSDP (replicate across nodes, shard within)"),
+    "cp": ("hide the context-parallel exchange", "a lower CP size, or CP inside one node"),
+    "ep": ("hide the expert all-to-alls", "a lower EP size, EP inside one node, or overlapped dispatch"),
+}
+UNPRICED_MIN = 0.05          # exposed communication of one axis, fraction of the step
+
+
+def unpriced(ctx: Context) -> list[Recommendation]:
+    """Large exposed communication on a run the model cannot price -> the levers for that axis,
+    with the measured loss as the upper bound of the gain and what would price it."""
+    if ctx.cal is not None or not ctx.step_s:
+        return []
+    out = []
+    for a in (ctx.d.comm.axes if ctx.d.comm else []):
+        lost = a.exposed_per_step_s or 0.0
+        if a.axis not in UNPRICED_LEVERS or lost < UNPRICED_MIN * ctx.step_s:
+            continue
+        what, levers = UNPRICED_LEVERS[a.axis]
+        e = [ev(f"exposed {a.axis.upper()} communication", lost * 1e3, UNPRICED_MIN * ctx.step_s * 1e3, "ms/step",
+                "Communication by parallel axis")]
+        out += ctx.make(f"{a.axis}_exposed", f"{what} (upper bound: the whole {lost * 1e3:,.0f} ms/step)", e, {},
+                        ctx.step_s - lost, confidence="low", runnable=False,
+                        why=f"{100 * lost / ctx.step_s:.0f}% of the step waits on {a.axis.upper()} communication "
+                            f"that no compute hides; levers: {levers}",
+                        assumptions=["upper bound: the whole exposed time removed; not priced, because the step-time "
+                                     "model could not be calibrated (give the model shape: --config with the job's "
+                                     "arguments, or --num-layers, --micro-batch-size, --num-micro-batches ...)"])
+    return out
+
+
+RULES = (bubble, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)

@@ -4,8 +4,13 @@ GPU traces: the timeline is all GPU streams merged (HTA's `get_temporal_breakdow
 and `get_comm_comp_overlap`): compute = union of compute kernels; communication =
 union of NCCL/RCCL kernels; the breakdown assigns each instant to the first of
 compute > comm > memory > other that covers it, the rest of the span is idle.
-CPU-only traces (gloo): the same questions on the host timeline, with `gloo:*`,
-`c10d::*` and `diag:comm:*` spans as communication and the other operators as compute.
+CPU-only traces (gloo): the same questions on the host timeline, with `gloo:*`, `c10d::*`,
+the functional collectives' `_c10d_functional::*` (their `wait_tensor` included) and
+`diag:comm:*` spans as communication and the other operators as compute. A thread inside a
+communication call is not computing; but a span that is in flight (gloo records an async
+send/recv from its post to the return of its wait, on the posting thread, while the thread goes
+on working) takes nothing from compute: only the part of it where the thread does no other op
+(idle, or blocked in the wait) is left exposed.
 """
 from __future__ import annotations
 
@@ -21,7 +26,10 @@ from .results import Breakdown, Overlap
 from .steps import Window
 
 NS = 1e-9
-HOST_COMM_RE = re.compile(r"^(gloo:|c10d::|diag:comm:|nccl:|record_param_comms$)")
+HOST_COMM_RE = re.compile(r"^(gloo:|c10d::|_?c10d_functional(_autograd)?::|diag:comm:|nccl:|record_param_comms$)")
+# Kineto writes microseconds with three decimals, rounded: a child may end a tick after its
+# parent. A call outlived by less than this is not outlived.
+CROSS_TOLERANCE_NS = 1000
 
 
 def _union(t: EventTable, rows: np.ndarray) -> iv.Intervals:
@@ -50,22 +58,56 @@ def timeline_sets(t: EventTable, w: Window, timeline: str) -> TimelineSets:
 def host_split(t: EventTable, w: Window):
     """compute and comm interval sets on the host timeline.
 
-    A thread is not computing while it is inside a communication span of its own: a
+    A thread is not computing while it is inside a communication call of its own: a
     synchronous collective blocks inside whatever op encloses it (an autograd node, say),
-    and ops nested inside a `c10d::` call are part of the call.
+    ops nested inside a `c10d::` call are part of the call, and `wait_tensor` is blocked.
+    A span in flight (see in_flight) takes nothing from compute: the ops inside it are the
+    thread's own work, and what it leaves uncovered is exposed as communication.
     """
     rows = w.rows
     is_comm = t.name_mask(HOST_COMM_RE.match)[rows]
     comm_rows, op_rows = rows[is_comm], rows[~is_comm & (t.kind[rows] == Kind.CPU_OP)]
+    blocking = comm_rows[~in_flight(t, comm_rows, rows[t.kind[rows] == Kind.CPU_OP])]
     starts, ends = [], []
     for th in np.unique(t.thread[op_rows]):
         ops = _union(t, op_rows[t.thread[op_rows] == th])
-        own_comm = _union(t, comm_rows[t.thread[comm_rows] == th])
-        s, e = iv.subtract(ops, own_comm)
+        s, e = iv.subtract(ops, _union(t, blocking[t.thread[blocking] == th]))
         starts.append(s)
         ends.append(e)
     compute = iv.merge(np.concatenate(starts), np.concatenate(ends)) if starts else iv.EMPTY
     return compute, _union(t, comm_rows)
+
+
+def in_flight(t: EventTable, spans: np.ndarray, cpu_ops: np.ndarray) -> np.ndarray:
+    """Per span row: whether it is in flight rather than a call the thread is inside.
+
+    Decided by measuring the thread's timeline, not by name: an operator's span (a dispatcher
+    call: `c10d::send`, `aten::mm`) is a call, and calls nest, each wholly inside its caller. A
+    span that begins inside such a call and outlives it is no call: it is a record of work the
+    call posted, in flight while the thread went on (gloo's `gloo:send` begins inside the
+    `c10d::send` that posted it and ends when its `wait()` returns).
+    """
+    out = np.zeros(spans.size, bool)
+    for th in np.unique(t.thread[spans]):
+        mine, calls = t.thread[spans] == th, cpu_ops[t.thread[cpu_ops] == th]
+        out[mine] = _outlives(t.ts_ns[calls], t.end_ns[calls], t.ts_ns[spans[mine]], t.end_ns[spans[mine]],
+                              CROSS_TOLERANCE_NS)
+    return out
+
+
+def _outlives(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray, tol: int) -> np.ndarray:
+    """Per window [lo, hi): does an interval of (starts, ends) begin before it and end inside it
+    (by more than tol)? Of the intervals ending inside, sorted by end, the earliest start (a range
+    minimum for every window at once: reduceat on the interleaved bounds)."""
+    by_end = np.argsort(ends, kind="stable")
+    a = np.searchsorted(ends[by_end], lo + tol, "right")
+    b = np.searchsorted(ends[by_end], hi - tol, "left")
+    first = np.full(lo.size, np.iinfo(np.int64).max)
+    ok = b > a
+    if ok.any():
+        bounds = np.stack([a[ok], b[ok]], axis=1).ravel()
+        first[ok] = np.minimum.reduceat(np.append(starts[by_end], 0), bounds)[::2]
+    return first < lo - tol
 
 
 def analyse_timeline(sets: TimelineSets, w: Window, timeline: str) -> tuple[Breakdown, Overlap]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..trace.errors import TraceError
-from ..trace.job import FileProblem, Job, assemble, each_file, load_rank, trace_files
+from ..trace.discover import find
+from ..trace.job import FileProblem, Job, assemble, each_file, load_rank
 from ..trace.read import file_size
 from . import summary_file
 from .rankpass import KEEP_KERNELS, RankSummary, summarize
@@ -38,23 +39,21 @@ class Got:
     notes: list = field(default_factory=list)
 
 
-def items_of(path: str) -> tuple[list[Item], str]:
-    """(files to analyse, the directory holding diag_run.json)."""
+def items_of(path: str, iteration: Optional[int] = None) -> tuple[list[Item], str, list[str]]:
+    """(files to analyse, the directory holding diag_run.json, notes on which folder was picked
+    when the traces are in subfolders: trace.discover)."""
     if os.path.isdir(path):
-        traces = trace_files(path)
-        names = sorted(os.listdir(path))
-        sums = {os.path.join(path, n) for n in names if n.endswith(SUFFIX)}
+        found = find(path, iteration)
+        traces, sums = found.traces, set(found.summaries)
         items = [Item(t, t + SUFFIX if t + SUFFIX in sums else None) for t in traces]
         items += [Item(None, s) for s in sorted(sums - {t + SUFFIX for t in traces})]
-        if not items:
-            raise TraceError(path, f"no trace files (*.json, *.json.gz) or summaries (*{SUFFIX}) in this directory")
-        return items, path
+        return items, found.directory, found.notes
     if not os.path.exists(path):
         raise TraceError(path, "no such file or directory")
     where = os.path.dirname(os.path.abspath(path))
     if path.endswith(SUFFIX):
-        return [Item(None, path)], where
-    return [Item(path, path + SUFFIX if os.path.exists(path + SUFFIX) else None)], where
+        return [Item(None, path)], where, []
+    return [Item(path, path + SUFFIX if os.path.exists(path + SUFFIX) else None)], where, []
 
 
 def _from_trace(trace: str, top_n: int) -> RankSummary:
@@ -104,12 +103,14 @@ class _Getter:
 
 
 def load_summaries(path: str, strict: bool = False, top_n: int = 10, use_summaries: bool = True,
-                   progress: Optional[Callable[[str, int, int], None]] = None) -> Job:
+                   progress: Optional[Callable[[str, int, int], None]] = None,
+                   iteration: Optional[int] = None) -> Job:
     """A Job whose ranks are RankSummary: what `diagnose` needs, without any rank's events.
+    `iteration`: which of torchtitan's profile_traces/iteration_<N> folders (default the latest).
 
     Raises TraceError when nothing at all can be analysed (or, with strict, on any bad file).
     """
-    items, meta_dir = items_of(path)
+    items, meta_dir, picked = items_of(path, iteration)
     sizes = [file_size(i.trace) if i.trace else 0 for i in items]
     loaded, problems, notes, how = [], [], [], {"trace": 0, "summary": 0, "stale": 0}
     for k, got in enumerate(each_file(_Getter(top_n, use_summaries), items, sizes)):
@@ -129,6 +130,7 @@ def load_summaries(path: str, strict: bool = False, top_n: int = 10, use_summari
         raise TraceError(path, f"none of the {len(items)} files could be read "
                                f"(first: {os.path.basename(problems[0].path)}: {problems[0].problem})")
     job = assemble(path, loaded, problems, meta_dir, strict)
+    job.notes[:0] = picked
     if how["summary"]:
         job.notes.append(f"{how['summary']} of {len(loaded)} ranks read from their summaries (*{SUFFIX}, "
                          f"`diag summarize`); use --no-summaries to analyse every trace")

@@ -4,27 +4,28 @@ Per rank, one row per op instance on the rank's timeline: GPU communication kern
 GPU traces; `gloo:*` transfer spans (or the trainer's `diag:comm:*` labels) on CPU-only
 traces. What an op is comes from the best source present, in this order: the kernel's own
 NCCL args; the host ops that launched it (`record_param_comms` args, `c10d::*` names,
-`Input Dims`); the trainer's `diag:comm:<axis>:<op>:<bytes>` label. Missing facts stay
+`Input Dims`); the trainer's `diag:comm:<axis>:<op>:<bytes>` label. A gloo transfer takes the
+name and sizes of the c10d op that issued it (analysis.gloowork: gloo runs a reduce-scatter as
+an all-reduce), and its exposure counts the time its issuer blocked waiting for it
+(`wait_tensor`), which may begin before the transfer starts and end after it. Missing facts stay
 unknown (-1 / 0), never guessed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from ..topology import RankGrid
+from ..layout import AXES, UNKNOWN as AXIS_UNKNOWN, axis_index
 from ..trace.kinds import Coll, Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
 from .bandwidth import message_bytes
-from .breakdown import HOST_COMM_RE
+from .gloowork import GlooWork, comm_column, link
 from .hostlink import C10D_RE, LABEL_RE, enclosing, launches
 from .steps import Window
 
-AXES = ("tp", "pp", "dp")
-AXIS_UNKNOWN = -1
 _LABEL_OPS = {"all_reduce": Coll.ALL_REDUCE, "all_gather": Coll.ALL_GATHER, "reduce_scatter": Coll.REDUCE_SCATTER,
               "broadcast": Coll.BROADCAST, "all_to_all": Coll.ALL_TO_ALL, "send": Coll.SEND, "recv": Coll.RECV}
 
@@ -44,9 +45,29 @@ class RankComms:
     exposed_ns: np.ndarray  # part not hidden behind compute
     step: np.ndarray        # step index, -1 outside steps
     compute: iv.Intervals = iv.EMPTY   # the rank's compute timeline, to measure exposure of any subset
+    # gloo transfers (analysis.gloowork), empty or -1 elsewhere: the worker thread it ran on, its
+    # own (op, elements) as SIG_OPS * elements + op (what every member of its group runs), whether
+    # FSDP issued it, and [blocked_lo, blocked_hi): its issuer blocked waiting for it (lo == hi none)
+    lane: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    sig: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    fsdp: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    blocked_lo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    blocked_hi: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return int(self.coll.size)
+
+    def timeline(self, sel=slice(None)) -> iv.Intervals:
+        """The communication timeline of the selected instances: their spans, and the time their
+        issuer blocked waiting for them."""
+        lo, hi = self.start_ns[sel], self.start_ns[sel] + self.dur_ns[sel]
+        if self.blocked_lo.size:
+            lo, hi = np.concatenate([lo, self.blocked_lo[sel]]), np.concatenate([hi, self.blocked_hi[sel]])
+        keep = hi > lo
+        return iv.merge(lo[keep], hi[keep])
+
+
+SIG_OPS = 16        # Coll values fit below it
 
 
 def _label_info(t, label_rows: np.ndarray):
@@ -58,7 +79,7 @@ def _label_info(t, label_rows: np.ndarray):
             continue
         m = LABEL_RE.match(t.name(r))
         if m:
-            axis[i], coll[i], nbytes[i] = AXES.index(m.group(1)), _LABEL_OPS.get(m.group(2), 0), int(m.group(3))
+            axis[i], coll[i], nbytes[i] = axis_index(m.group(1)), _LABEL_OPS.get(m.group(2), 0), int(m.group(3))
     return axis, coll, nbytes
 
 
@@ -67,8 +88,9 @@ def _comm_args(rt: RankTrace) -> dict[int, int]:
     return {int(r): i for i, r in enumerate(rt.comms.row)}
 
 
-def _facts(rt: RankTrace, rows: np.ndarray):
-    """(coll, group key, group size, bytes) of rows from their own CommTable args."""
+def _facts(rt: RankTrace, rows: np.ndarray, dtype_bytes: Optional[np.ndarray] = None):
+    """(coll, group key, group size, bytes) of rows from their own CommTable args; dtype_bytes,
+    where > 0, the element size to use (a c10d op on a tensor list records no dtype)."""
     c, by_row, sym = rt.comms, _comm_args(rt), rt.events.symbols
     coll = np.zeros(rows.size, np.int8)
     size = np.zeros(rows.size, np.int32)
@@ -82,8 +104,8 @@ def _facts(rt: RankTrace, rows: np.ndarray):
         group[i] = sym[int(c.group[j])] if c.group[j] >= 0 else None
         if not size[i] and group[i]:
             size[i] = group[i].count(",") + 1
-        b = message_bytes(Coll(int(c.coll[j])), int(c.in_nelems[j]), int(c.out_nelems[j]),
-                          int(c.dtype_bytes[j]), int(size[i]))
+        elem = int(dtype_bytes[i]) if dtype_bytes is not None and dtype_bytes[i] > 0 else int(c.dtype_bytes[j])
+        b = message_bytes(Coll(int(c.coll[j])), int(c.in_nelems[j]), int(c.out_nelems[j]), elem, int(size[i]))
         nbytes[i] = -1 if b is None else b
     return coll, group, size, nbytes
 
@@ -128,22 +150,39 @@ def _masked(facts, ok: np.ndarray):
 def host_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     """CPU-only traces: transfers are `gloo:*` spans on worker threads, or trainer labels."""
     t = rt.events
-    names = t.name_mask(HOST_COMM_RE.match)[w.rows]
     gloo = t.name_mask(lambda s: s.startswith("gloo:"))[w.rows]
     labels = t.name_mask(LABEL_RE.match)[w.rows]
-    pick = gloo if gloo.any() else labels if labels.any() else names & ~t.name_mask(
-        lambda s: s == "record_param_comms")[w.rows]
+    pick = np.flatnonzero(gloo if gloo.any() else labels if labels.any() else t.name_mask(C10D_RE.match)[w.rows])
+    pick = pick[np.argsort(t.ts_ns[w.rows[pick]], kind="stable")]      # a group's order: by start
     rows, step = w.rows[pick], w.step_index[pick]
     coll, group, size, nbytes = _facts(rt, rows)
+    work = sig = None
     if gloo.any() and labels.any():
         axis = _pair_with_labels(t, rows, coll, nbytes, w.rows[labels])
     else:
         axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
         coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
         nbytes[nbytes < 0] = lbytes[nbytes < 0]
-    rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
+    if gloo.any():
+        work = link(rt, w.rows, rows)
+        nelems = comm_column(rt.comms.row, rt.comms.in_nelems, rows)
+        sig = np.where(nelems >= 0, nelems * SIG_OPS + coll, -1)
+        _take_issuer(rt, rows, work, coll, nbytes)
+    rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute, work, sig)
     implied_group_size(rc, rt.pg_config)
     return rc
+
+
+def _take_issuer(rt: RankTrace, rows: np.ndarray, work: GlooWork, coll, nbytes) -> None:
+    """A transfer paired with the c10d op that issued it takes that op's name and sizes (in the
+    transfer's element size): gloo runs `_reduce_scatter_base_` as `gloo:all_reduce`."""
+    ok = work.issuer >= 0
+    if not ok.any():
+        return
+    elem = comm_column(rt.comms.row, rt.comms.dtype_bytes, rows)
+    icoll, _, _, ibytes = _facts(rt, np.maximum(work.issuer, 0), elem)
+    coll[ok & (icoll != Coll.UNKNOWN)] = icoll[ok & (icoll != Coll.UNKNOWN)]
+    nbytes[ok & (ibytes >= 0)] = ibytes[ok & (ibytes >= 0)]
 
 
 def _pair_with_labels(t, rows, coll, nbytes, label_rows) -> np.ndarray:
@@ -167,13 +206,20 @@ def _pair_with_labels(t, rows, coll, nbytes, label_rows) -> np.ndarray:
     return axis
 
 
-def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute) -> RankComms:
-    start, end = t.ts_ns[rows], t.end_ns[rows]
-    exposed_set = iv.subtract(iv.merge(start, end), compute)
-    return RankComms(rank=int(rank) if rank is not None else -1, coll=coll.astype(np.int8), axis=axis.astype(np.int8), group=group,
-                     group_size=size.astype(np.int32), nbytes=nbytes.astype(np.int64), start_ns=start,
-                     dur_ns=t.dur_ns[rows], exposed_ns=_exposed_each(exposed_set, start, end),
-                     step=step.astype(np.int64), compute=compute)
+def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute,
+            work: Optional[GlooWork] = None, sig: Optional[np.ndarray] = None) -> RankComms:
+    n = rows.size
+    rc = RankComms(rank=int(rank) if rank is not None else -1, coll=coll.astype(np.int8), axis=axis.astype(np.int8),
+                   group=group, group_size=size.astype(np.int32), nbytes=nbytes.astype(np.int64),
+                   start_ns=t.ts_ns[rows], dur_ns=t.dur_ns[rows], exposed_ns=np.zeros(n, np.int64),
+                   step=step.astype(np.int64), compute=compute,
+                   lane=work.lane if work else np.full(n, -1, np.int32),
+                   sig=sig.astype(np.int64) if sig is not None else np.full(n, -1, np.int64),
+                   fsdp=work.fsdp if work else np.zeros(n, bool),
+                   blocked_lo=work.blocked_lo if work else np.zeros(n, np.int64),
+                   blocked_hi=work.blocked_hi if work else np.zeros(n, np.int64))
+    rc.exposed_ns = _exposed_each(rc)
+    return rc
 
 
 def implied_group_size(rc: RankComms, pg_config: list) -> None:
@@ -183,37 +229,32 @@ def implied_group_size(rc: RankComms, pg_config: list) -> None:
         rc.group_size[rc.group_size == 0] = next(iter(sizes))
 
 
-def _exposed_each(exposed: iv.Intervals, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    return iv.lengths_in_windows(exposed, start, end) if start.size else np.zeros(0, np.int64)
+def _exposed_each(rc: RankComms) -> np.ndarray:
+    """Per instance: the part of its span and of its issuer's wait on it not under compute."""
+    if not len(rc):
+        return np.zeros(0, np.int64)
+    exposed = iv.subtract(rc.timeline(), rc.compute)
+    start, end, lo, hi = rc.start_ns, rc.start_ns + rc.dur_ns, rc.blocked_lo, rc.blocked_hi
+    both_lo = np.maximum(start, lo)
+    both_hi = np.maximum(both_lo, np.minimum(end, hi))
+    return (iv.lengths_in_windows(exposed, start, end) + iv.lengths_in_windows(exposed, lo, hi)
+            - iv.lengths_in_windows(exposed, both_lo, both_hi))
 
 
-@dataclass
-class GridIndex:
-    """The grid's groups, indexed once per job: member-rank key -> axis, and (rank, axis) -> group."""
-
-    grid: RankGrid
-    axis_of_key: dict
-    group_of: dict
-
-    @classmethod
-    def of(cls, grid: RankGrid) -> "GridIndex":
-        axis_of_key, group_of = {}, {}
-        for a in AXES:
-            for g in grid.groups(a):
-                key = ",".join(map(str, g))
-                if len(g) > 1:
-                    axis_of_key[key] = AXES.index(a)
-                for r in g:
-                    group_of[(r, a)] = (key, len(g))
-        return cls(grid, axis_of_key, group_of)
-
-
-def attribute_axes(rc: RankComms, index: Optional[GridIndex]) -> None:
-    """With the grid known: axis from a group's member ranks, and a labelled op's group from its axis."""
-    if index is None or rc.rank >= index.grid.world_size:
+def attribute_axes(rc: RankComms, jl) -> None:
+    """With the job's layout (analysis.layoutfind.JobLayout): an op's axis from its group's name or
+    member ranks, and a labelled op's group from its axis."""
+    if jl is None:
         return
+    whole = jl.world_axis
+    if whole is not None:      # no group named: with one axis spanning the world, the op ran in it
+        none = [i for i, g in enumerate(rc.group) if g is None and rc.axis[i] == AXIS_UNKNOWN
+                and rc.coll[i] not in (Coll.SEND, Coll.RECV, Coll.SEND_RECV)]
+        rc.axis[none] = axis_index(whole)
     for i, g in enumerate(rc.group):
-        if rc.axis[i] == AXIS_UNKNOWN and g in index.axis_of_key:
-            rc.axis[i] = index.axis_of_key[g]
+        if rc.axis[i] == AXIS_UNKNOWN and g is not None:
+            rc.axis[i] = jl.axis_of(g)
         elif g is None and rc.axis[i] != AXIS_UNKNOWN and rc.coll[i] != Coll.SEND_RECV:
-            rc.group[i], rc.group_size[i] = index.group_of[(rc.rank, AXES[rc.axis[i]])]
+            found = jl.group_of(rc.rank, AXES[rc.axis[i]])
+            if found:
+                rc.group[i], rc.group_size[i] = found

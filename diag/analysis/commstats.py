@@ -1,7 +1,10 @@
 """Aggregate matched communication instances per parallel axis, op and message size.
 
 busbw uses the transfer time (shortest matched instance) when the whole group's traces
-are present; otherwise the rank's own kernel time, which includes waiting, and says so.
+are present; otherwise the rank's own kernel time, which includes waiting, and says so. Its
+group size n is the trace's, else the size of a complete match on an inferred group (old
+traces name no group). Wait is only measured on matched instances: where none matched it is
+unknown (None), not zero.
 """
 from __future__ import annotations
 
@@ -31,9 +34,18 @@ def _concat(comms: list[RankComms], matched: list[Matched]) -> dict:
     cols = {k: np.concatenate([getattr(rc, k) for rc in comms]) if comms else np.zeros(0)
             for k in ("coll", "axis", "group_size", "nbytes", "dur_ns", "exposed_ns", "step")}
     cols["rank"] = np.concatenate([np.full(len(rc), rc.rank) for rc in comms]) if comms else np.zeros(0)
-    for k in ("transfer_ns", "wait_ns", "complete"):
+    for k in ("transfer_ns", "wait_ns", "complete", "match_id"):
         cols[k] = np.concatenate([getattr(m, k) for m in matched]) if matched else np.zeros(0)
+    found = np.concatenate([m.group_size for m in matched]) if matched else np.zeros(0)
+    cols["group_size"] = np.where(cols["group_size"] > 0, cols["group_size"], found)   # the trace's first
     return cols
+
+
+def _wait_s(wait_ns: np.ndarray, match_id: np.ndarray, n_ranks: int) -> Optional[float]:
+    """Wait per rank over the instances given; None when none of them was matched (unmeasured)."""
+    if not (match_id >= 0).any():
+        return None
+    return float(wait_ns.sum()) * NS / max(n_ranks, 1)
 
 
 def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
@@ -72,15 +84,34 @@ def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
             median_bytes=float(np.median(nb[nb >= 0])) if (nb >= 0).any() else None,
             time_s=float(c["dur_ns"][idx].sum()) * NS / max(n_ranks, 1),
             exposed_s=float(c["exposed_ns"][idx].sum()) * NS / max(n_ranks, 1),
-            wait_s=float(c["wait_ns"][idx].sum()) * NS / max(n_ranks, 1),
+            wait_s=_wait_s(c["wait_ns"][idx], c["match_id"][idx], n_ranks),
             busbw_median_gbps=med, busbw_p95_gbps=float(np.percentile(vals, 95)) if vals.size else None,
             busbw_basis=basis, link=link[0] if link else None, link_peak_gbps=peak,
-            efficiency=med / peak if med is not None and peak else None))
+            efficiency=med / peak if med is not None and peak else None,
+            group_size=_median_size(c["group_size"][idx])))
     if bench is not None:
         for o in out:
             _against_bench(o, bench)
     out.sort(key=lambda s: -s.exposed_s)
     return out
+
+
+def busbw_unknown_notes(ops: list[CommOpStat]) -> list[str]:
+    """Why a collective's busbw is "-": its message size, or its group size, is not in the traces."""
+    named = lambda xs: ", ".join(dict.fromkeys(f"{o.axis}:{o.op}" for o in xs))  # noqa: E731 - once each
+    no_bytes = [o for o in ops if o.busbw_median_gbps is None and o.median_bytes is None]
+    no_n = [o for o in ops if o.busbw_median_gbps is None and o.median_bytes is not None and o.group_size is None]
+    notes = [f"busbw unknown for {named(no_bytes)}: the traces record no message size (neither NCCL's "
+             "`In msg nelems` nor the ops' `Input Dims`: torch.profiler's record_shapes=True)"] if no_bytes else []
+    if no_n:
+        notes.append(f"busbw unknown for {named(no_n)}: the group size is unknown (the traces name no group, "
+                     "and the instances were not matched across all ranks)")
+    return notes
+
+
+def _median_size(n: np.ndarray) -> Optional[int]:
+    known = n[n > 0]
+    return int(np.median(known)) if known.size else None
 
 
 def _against_bench(o: CommOpStat, bench) -> None:
@@ -104,7 +135,7 @@ def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisO
         dur = exp = 0
         for rc in comms:
             sel = rc.axis == a
-            u = iv.merge(rc.start_ns[sel], rc.start_ns[sel] + rc.dur_ns[sel])
+            u = rc.timeline(sel)                  # its spans, and its issuer's waits on them
             dur += iv.length(u)
             exp += iv.length(iv.subtract(u, rc.compute))
         dur_s, exp_s = dur * NS / max(n_ranks, 1), exp * NS / max(n_ranks, 1)
@@ -117,6 +148,6 @@ def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisO
 
 def rank_comm(comms: list[RankComms], matched: list[Matched]) -> list[RankComm]:
     return [RankComm(rank=rc.rank, comm_s=float(rc.dur_ns.sum()) * NS, exposed_s=float(rc.exposed_ns.sum()) * NS,
-                     wait_s=float(m.wait_ns.sum()) * NS, matched=int((m.match_id >= 0).sum()),
+                     wait_s=_wait_s(m.wait_ns, m.match_id, 1), matched=int((m.match_id >= 0).sum()),
                      arrived_last=int(m.last.sum()))
             for rc, m in zip(comms, matched)]

@@ -6,19 +6,21 @@ from typing import Optional
 
 import numpy as np
 
-from ..topology import RankGrid
 from ..trace.job import Job
 from ..trace.table import RankTrace
-from .collectives import GridIndex, RankComms, attribute_axes
-from .commstats import axis_overlap, op_stats, rank_comm
+from .collectives import RankComms, attribute_axes
+from .layoutfind import JobLayout, find_layout
+from .shapes import infer_shape
+from .commstats import axis_overlap, busbw_unknown_notes, op_stats, rank_comm
 from .findings import findings
+from .gloogroups import join_groups
 from .gantt import pipeline_gantt
 from .matching import match
 from .pipeline import pipeline
 from .rates import throughput
 from .rankpass import RankSummary, summarize
 from .results import CommAnalysis, Diagnosis, Problem, RankResult
-from .stragglers import collective_stragglers, step_stragglers
+from .stragglers import cannot_tell, collective_stragglers, rank_hosts, step_stragglers
 
 
 def analyse_rank(rt: RankTrace, top_n: int = 10) -> RankResult:
@@ -31,58 +33,107 @@ def summaries_of(job: Job, top_n: int = 10) -> list[RankSummary]:
     return [rt.with_top(top_n) if isinstance(rt, RankSummary) else summarize(rt, top_n) for rt in job.ranks]
 
 
-def job_grid(job: Job, tp: Optional[int], pp: Optional[int]) -> Optional[RankGrid]:
-    """The TP x PP x DP grid: given sizes, else the trainer's diag_run.json, else unknown."""
-    meta = job.run_meta or {}
-    tp = tp or meta.get("tp")
-    pp = pp or meta.get("pp")
-    world = job.world_size or meta.get("world_size")
-    if not (tp and pp and world):
-        return None
-    return RankGrid.from_world(int(world), int(tp), int(pp))
+def job_layout(job: Job, summaries: list[RankSummary], sizes: Optional[dict] = None,
+               config: Optional[dict] = None) -> JobLayout:
+    """The job's layout: process-group names in the traces, else sizes given (flags, then a
+    framework config file, then the trainer's diag_run.json), else unknown (layoutfind)."""
+    return find_layout([s.pg_config for s in summaries], job.world_size, flags=sizes, config=config,
+                       meta=job.run_meta)
 
 
 def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Optional[int],
-                  device: Optional[str], link_gbps: Optional[float], bench=None) -> CommAnalysis:
-    matched, inferred = match(comms, world)
+                  device: Optional[str], link_gbps: Optional[float], bench=None,
+                  unknown_axis_note: str = "", smaller_groups: bool = False) -> CommAnalysis:
+    matched, inferred = match(comms, world, smaller_groups)
     steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
     ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps, bench),
                       axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
-    ca.stragglers = collective_stragglers(comms, matched, steps) + step_stragglers(ranks)
+    ca.stragglers = collective_stragglers(comms, matched, steps, rank_hosts(ranks)) + step_stragglers(ranks)
+    ca.stragglers_unknown = cannot_tell(comms, matched, world)
+    ca.notes += busbw_unknown_notes(ca.ops)
     if inferred:
         ca.notes.append("the traces do not name the process group of some collectives: matched across all "
                         "ranks because every rank shows the same sequence of them")
     if any(a.axis == "unknown" for a in ca.axes):
-        ca.notes.append("parallel axis unknown for some communication: the trace has no diag:comm labels; "
-                        "give --tp and --pp (or a diag_run.json) to attribute groups to TP/PP/DP")
+        ca.notes.append(unknown_axis_note)
     return ca
+
+
+def _shape_from_trace(summaries: list[RankSummary], meta: dict, grid: JobLayout) -> list[str]:
+    """Fill the model-shape facts nobody gave from the GEMM shapes of the first rank that settles
+    them (analysis.shapes); say so. A DTensor trace's linears carry the global weight: no TP factor."""
+    if (meta.get("hidden_size") and meta.get("num_layers")) or not summaries:   # the run says its shape
+        return []
+    for s in summaries:
+        if not s.gemms:
+            continue
+        got = infer_shape({(op, tuple(map(tuple, dims))): n for op, dims, n in s.gemms},
+                          tp=1 if s.dtensor else (grid.layout.tp if grid.layout is not None else None))
+        tokens = got.pop("tokens_per_micro_batch", None)
+        got.pop("ffn_hidden_size_per_rank", None)
+        if tokens and meta.get("seq_length") and not meta.get("micro_batch_size") and tokens % meta["seq_length"] == 0:
+            got["micro_batch_size"] = tokens // meta["seq_length"]
+        new = {k: v for k, v in got.items() if meta.get(k) is None}
+        if not new:
+            return []
+        meta.update(new)
+        return [f"from the trace's GEMM shapes (rank {s.rank}): " +
+                ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in new.items())]
+    return []
+
+
+def _smaller_groups(summaries: list[RankSummary], world: Optional[int]) -> bool:
+    """Does any rank belong to a process group smaller than the world?"""
+    return any(len(ranks) < (world or 0) for s in summaries for _, _, ranks in s.pg_config)
+
+
+def _unknown_axis_note(grid: JobLayout) -> str:
+    if grid.layout is not None or grid.axis_of_key:
+        return ("parallel axis unknown for some communication: its process group is not one of the layout's "
+                f"({grid.describe()}) or the trace does not say which group it ran in")
+    return ("parallel axis unknown for some communication: the traces name no process group by axis "
+            "(pg_config descriptions such as mesh_tp) and no layout was given: --tp/--pp (and --cp/--ep/"
+            "--dp-shard), or --config with the job's Megatron-LM arguments or torchtitan TOML")
 
 
 def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[int] = None,
              link_gbps: Optional[float] = None, peak_tflops: Optional[float] = None,
-             shape: Optional[dict] = None, bench=None) -> Diagnosis:
-    """shape: run facts given by the user (Megatron names, e.g. global_batch_size) over diag_run.json;
+             shape: Optional[dict] = None, bench=None, sizes: Optional[dict] = None,
+             config: Optional[dict] = None) -> Diagnosis:
+    """sizes: axis sizes given by the user (layoutfind.SIZE_KEYS: cp, ep, dp_shard beside tp, pp);
+    config: facts from a framework config file (runconfig.load_config);
+    shape: run facts given by the user (Megatron names, e.g. global_batch_size) over diag_run.json;
     bench: a `diag bench` busbw curve (analysis.benchcurve) to set each collective against."""
-    meta = {**(job.run_meta or {}), **{k: v for k, v in (shape or {}).items() if v is not None}}
-    grid = job_grid(job, tp, pp)
+    meta = {**(job.run_meta or {}), **{k: v for k, v in (config or {}).items() if v is not None},
+            **{k: v for k, v in (shape or {}).items() if v is not None}}
     summaries = summaries_of(job, top_n)
+    config = dict(config or {})
+    notes = list(job.notes) + list(config.pop("notes", []) or [])
+    grid = job_layout(job, summaries, {"tp": tp, "pp": pp, **(sizes or {})}, config)
+    notes += grid.notes + _shape_from_trace(summaries, meta, grid)
+    if grid.layout is not None:          # the layout as found is a fact of the run, whoever said it
+        for axis in ("tp", "pp", "cp", "ep", "dp_shard"):
+            meta[axis] = grid.layout.size(axis)
+        meta["dp"] = grid.layout.size("dp") * grid.layout.size("dp_shard")   # all data-parallel ways
+        meta.setdefault("world_size", grid.layout.world_size)
     ranks = [s.result for s in summaries]
     comms = [s.comms for s in summaries]
-    index = GridIndex.of(grid) if grid else None
     for rc in comms:
-        attribute_axes(rc, index)
+        attribute_axes(rc, grid)
+    join_groups(comms, [s.pg_config for s in summaries], grid)
     devices = [r.device for r in ranks if r.device]
-    ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps, bench) \
+    ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps, bench,
+                       _unknown_axis_note(grid), _smaller_groups(summaries, job.world_size)) \
         if any(len(rc) for rc in comms) else None
     backends = {rt.backend for rt in job.ranks if rt.backend}
-    notes = list(job.notes)
     d = Diagnosis(
         source=os.path.abspath(job.source), world_size=job.world_size,
         backend=", ".join(sorted(backends)) or None, ranks=ranks,
         missing_ranks=job.missing_ranks,
         problems=[Problem(p.path, p.problem) for p in job.problems],
-        other_runs=job.other_runs, notes=notes, run=job.run_meta, comm=ca, findings=findings(ranks, ca),
-        pipeline=pipeline(grid, meta, ranks, comms), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
+        other_runs=job.other_runs, notes=notes, run=job.run_meta, layout=grid.describe(), facts=meta,
+        layout_dims=[[a, n] for a, n in grid.layout.dims] if grid.layout is not None else None, comm=ca, findings=findings(ranks, ca),
+        pipeline=pipeline(grid, meta, summaries), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
     d.gantt = pipeline_gantt([(s.gantt, s.comms) for s in summaries], grid)
     from ..advise.recommend import recommend     # imported here: the recommender is not the analyser's cost
     try:

@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .results import CommAnalysis, Finding, RankResult
+from .results import CommAnalysis, Finding, FindingKind, RankResult, StragglerBasis
 
 MIN_SHARE = 0.01       # under 1% of a step is not worth a line
 
@@ -16,6 +16,12 @@ def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int]:
     return (float(np.median(times)) if times else None), steps
 
 
+def _others_wait(comm: CommAnalysis, late: list[int]) -> Optional[float]:
+    """Mean wait of the ranks outside the late set (whole window); None where none was measured."""
+    waits = [r.wait_s for r in comm.ranks if r.rank not in late and r.wait_s is not None]
+    return sum(waits) / len(waits) if waits else None
+
+
 def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Finding]:
     step_s, steps = _per_step(ranks)
     if not ranks:
@@ -24,29 +30,30 @@ def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Find
     unit = "per step" if steps else "in the window (no ProfilerStep marks)"
     out: list[Finding] = []
 
-    def add(what: str, seconds: float, detail: str) -> None:
+    def add(what: str, seconds: float, detail: str, kind: FindingKind, ranks: Optional[list] = None) -> None:
         share = seconds / step_s if step_s else None
         if seconds > 0 and (share is None or share >= MIN_SHARE):
-            out.append(Finding(what, seconds, share, detail))
+            out.append(Finding(what, seconds, share, detail, kind, list(ranks or [])))
 
     idle = float(np.mean([r.breakdown.idle_s for r in ranks])) / n
     timeline = ranks[0].breakdown.timeline
     worst = max(ranks, key=lambda r: r.breakdown.idle_s)
     add("GPU idle" if timeline == "gpu" else "host idle (outside operators)", idle,
         f"mean over {len(ranks)} rank(s) {unit}; most on rank {worst.rank} "
-        f"({worst.breakdown.pct(worst.breakdown.idle_s):.1f}% of its span)")
+        f"({worst.breakdown.pct(worst.breakdown.idle_s):.1f}% of its span)", FindingKind.IDLE)
     mem = float(np.mean([r.breakdown.memory_s for r in ranks])) / n
-    add("memory copies not hidden", mem, f"memcpy/memset not under compute or communication, {unit}")
+    add("memory copies not hidden", mem, f"memcpy/memset not under compute or communication, {unit}",
+        FindingKind.MEMORY)
     if comm:
         for a in comm.axes:
             label = "communication (axis unknown)" if a.axis == "unknown" else f"exposed {a.axis.upper()} communication"
             hidden = f"{100 * a.hidden_ratio:.0f}% hidden behind compute" if a.hidden_ratio is not None else ""
             add(label, a.exposed_per_step_s if a.exposed_per_step_s is not None else a.exposed_s,
-                f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}")
+                f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}", FindingKind.COMM)
         for s in comm.stragglers:
-            if s.reason == "arrives last at collectives":
-                waited = sum(r.wait_s for r in comm.ranks if r.rank != s.rank) / max(len(comm.ranks) - 1, 1)
-                add(f"waiting for rank {s.rank}", waited / n,
-                    s.evidence + " (this wait is part of the communication time above)")
+            waited = _others_wait(comm, s.ranks)
+            if s.basis == StragglerBasis.COLLECTIVES and waited is not None:
+                add(f"waiting for {s.who}", waited / n, s.evidence + " (this wait is part of the communication "
+                    "time above)", FindingKind.STRAGGLER, s.ranks)
     out.sort(key=lambda f: -f.seconds_per_step)
     return out

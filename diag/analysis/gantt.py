@@ -19,12 +19,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..topology import RankGrid
 from ..trace.kinds import Coll, Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
 from .breakdown import timeline_sets
-from .collectives import AXES, GridIndex, RankComms, attribute_axes, gpu_comms, host_comms
+from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
+from .layoutfind import JobLayout
 from .hostlink import enclosing, launches
 from .steps import Window, window_of
 
@@ -163,7 +163,7 @@ def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
     return out
 
 
-def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Optional[RankGrid] = None,
+def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Optional[JobLayout] = None,
              min_idle_fraction: float = 0.0) -> Optional[StageStep]:
     """One step of one rank as segments; step is a ProfilerStep number (default: the median-length
     step in the analysis window). None when the rank has no such step. rc: the rank's
@@ -183,42 +183,41 @@ def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Op
     fwd = iv.subtract(compute, iv.merge(np.concatenate([bwd[0], opt[0]]), np.concatenate([bwd[1], opt[1]])))
     parts = {"backward": bwd, "optimizer": opt, "forward": fwd, **_comm_parts(rc, compute)}
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
-    stage = grid.coords(rc.rank).pp_rank if grid and rc.rank < grid.world_size else None
+    stage = grid.stage(rc.rank) if grid is not None else None
     segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
     return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs)
 
 
-def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[RankGrid] = None,
+def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[JobLayout] = None,
               min_idle_fraction: float = 0.0) -> Optional[StageStep]:
     """step_row of one loaded trace (its per-rank pass made here)."""
     timeline, w = window_of(rt)
     sets = timeline_sets(rt.events, w, timeline)
     rc = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
     rc.rank = int(rt.rank or 0)
-    attribute_axes(rc, GridIndex.of(grid) if grid else None)
+    attribute_axes(rc, grid)
     return step_row(gantt_input(rt, w, timeline, sets.compute), rc, step, grid, min_idle_fraction)
 
 
-def pipeline_gantt(ranks: list, grid: Optional[RankGrid], max_rows: int = 16,
+def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
                    min_idle_fraction: float = 0.002) -> PipelineGantt:
     """One step of one rank per pipeline stage (tp 0, dp 0 where loaded); every loaded rank
     (up to max_rows) when the grid is unknown. All rows show the same ProfilerStep number.
 
     ranks: (GanttInput, RankComms) per rank, the comms attributed to axes with `grid`."""
     by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
-    if grid is not None:
+    staged = grid is not None and (grid.layout is not None or grid.pp > 1)
+    if staged:
         picks = []
         for s in range(grid.pp):
-            members = [r for r in grid.groups("pp")[0] if grid.coords(r).pp_rank == s]
-            stage_ranks = [r for r in sorted(by_rank) if r < grid.world_size and grid.coords(r).pp_rank == s]
-            pick = next((r for r in members if r in by_rank), stage_ranks[0] if stage_ranks else None)
-            if pick is not None:
-                picks.append(pick)
+            stage_ranks = [r for r in sorted(by_rank) if grid.stage(r) == s]
+            if stage_ranks:          # the lowest rank of the stage: tp 0, dp 0 where it was loaded
+                picks.append(stage_ranks[0])
     else:
         picks = sorted(by_rank)[:max_rows]
     timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"
     out = PipelineGantt(timeline=timeline)
-    if grid is None:
+    if not staged:
         out.note = out.note.replace("one rank per stage (tp 0, dp 0)", f"the first {max_rows} ranks (grid unknown)")
     kw = {"grid": grid, "min_idle_fraction": min_idle_fraction}
     first = step_row(*by_rank[picks[0]], **kw) if picks else None

@@ -13,10 +13,11 @@ from typing import Callable
 
 import numpy as np
 
+from ..layout import AXES
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
 
-LABEL_RE = re.compile(r"^diag:comm:(tp|pp|dp):([a-z_]+):(\d+)")
+LABEL_RE = re.compile(r"^diag:comm:(" + "|".join(sorted(AXES, key=len, reverse=True)) + r"):([a-z_]+):(\d+)")
 C10D_RE = re.compile(r"^(c10d::|nccl:|gloo:)")
 
 

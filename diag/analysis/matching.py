@@ -10,7 +10,9 @@ compared.
 
 When the trace does not say the group (old traces), instances are matched across all
 ranks only if every rank of the world is present and each shows the same sequence of
-collectives; that inference is reported, and otherwise the instance stays unmatched.
+collectives; that inference is reported, and otherwise the instance stays unmatched. A complete
+match on such an inferred group also says the group's size (the ranks matched), which the trace
+did not: busbw needs it for the bus factor.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Matched:
     last: np.ndarray          # per instance: this rank arrived last in its match
     complete: np.ndarray      # per instance: every member of the group had a trace
     match_id: np.ndarray      # per instance: id of its match, -1 unmatched
+    group_size: np.ndarray    # per instance: ranks in its complete match on an inferred group, else 0
 
 
 P2P_BASE = 64                     # key codes: a collective's Coll value; p2p: P2P_BASE + direction
@@ -85,20 +88,22 @@ def _occurrence(pair: np.ndarray) -> np.ndarray:
     return occ
 
 
-def _can_infer(comms: list[RankComms], world: int | None) -> bool:
-    if not world or len(comms) != world or world < 2:
+def _can_infer(comms: list[RankComms], world: int | None, smaller_groups: bool = False) -> bool:
+    """Unnamed collectives ran in the world group only if no smaller group exists to run them in
+    (`smaller_groups`: the traces' pg_config lists one) and every rank shows the same sequence."""
+    if not world or len(comms) != world or world < 2 or smaller_groups:
         return False
     seqs = {tuple(rc.coll[[g is None for g in rc.group]].tolist()) for rc in comms}
     return len(seqs) == 1 and len(next(iter(seqs))) > 0
 
 
-def match(comms: list[RankComms], world: int | None) -> tuple[list[Matched], bool]:
+def match(comms: list[RankComms], world: int | None, smaller_groups: bool = False) -> tuple[list[Matched], bool]:
     """Per rank, the matched view of its instances; and whether groups were inferred.
 
     Instances are matched on (group, key code, order of occurrence on the rank); all ranks'
     instances are sorted together once, so the cost is O(instances log instances)."""
     present = {rc.rank for rc in comms}
-    infer = _can_infer(comms, world)
+    infer = _can_infer(comms, world, smaller_groups)
     group_id: dict = {}
     members_of: dict = {}
     cols = {k: [] for k in ("gid", "code", "occ", "ri", "ii", "dur")}
@@ -113,7 +118,8 @@ def match(comms: list[RankComms], world: int | None) -> tuple[list[Matched], boo
         cols["ii"].append(ok)
         cols["dur"].append(rc.dur_ns[ok].astype(np.int64))
     out = [Matched(np.full(len(rc), -1, np.int64), np.zeros(len(rc), np.int64), np.zeros(len(rc), bool),
-                   np.zeros(len(rc), bool), np.full(len(rc), -1, np.int64)) for rc in comms]
+                   np.zeros(len(rc), bool), np.full(len(rc), -1, np.int64), np.zeros(len(rc), np.int64))
+           for rc in comms]
     if not any(len(c) for c in cols["gid"]):
         return out, infer
     gid, code, occ, ri, ii, dur = (np.concatenate(cols[k]) for k in ("gid", "code", "occ", "ri", "ii", "dur"))
@@ -134,6 +140,8 @@ def match(comms: list[RankComms], world: int | None) -> tuple[list[Matched], boo
                          else len(members_of.get(names[gg], [])) or names[gg].count(",") + 1
                          for gg, cc in zip(g[starts].tolist(), c[starts].tolist())], np.int64)
     complete = sizes == expected
+    inferred = g[starts] == group_id.get(INFERRED_GROUP, -1)
+    found_size = np.where(complete & inferred, sizes, 0)        # the group is whoever matched
     kpos = np.flatnonzero(sizes[match_of] >= 2)                 # matched: a match of two or more
     k, a = order[kpos], match_of[kpos]
     by = np.argsort(ri[k], kind="stable")
@@ -146,4 +154,5 @@ def match(comms: list[RankComms], world: int | None) -> tuple[list[Matched], boo
         j, aa = ii[k[lo:hi]], a[lo:hi]
         m.transfer_ns[j], m.wait_ns[j] = transfer[aa], dur[k[lo:hi]] - transfer[aa]
         m.last[j], m.complete[j], m.match_id[j] = new[kpos[lo:hi]], complete[aa], mid[aa]
+        m.group_size[j] = found_size[aa]
     return out, infer

@@ -10,8 +10,9 @@ finishes. Summaries are about 150 times smaller than their traces (see summary_f
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -21,8 +22,14 @@ from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, gpu_comms, host_comms
 from .gantt import GanttInput, gantt_input
 from .kernels import top_kernels
+from .layoutfind import compact_pg_config
+from .ppschedule import PPTrace, read_rank
 from .results import RankResult, StepTime
 from .steps import window_of
+
+# DTensor's dispatch marks: its aten::linear carries the global (unsharded) weight, its local
+# GEMMs run nested inside with the sharded one.
+DTENSOR_RE = re.compile(r"^(Redistribute|NestedRedistribute|PythonSubclass)$")
 
 # Kernels kept per rank in a summary written to disk: `--top` up to this can use the summary.
 KEEP_KERNELS = 50
@@ -41,6 +48,10 @@ class RankSummary:
     result: RankResult
     comms: RankComms
     gantt: GanttInput
+    pg_config: list = field(default_factory=list)   # layoutfind.compact_pg_config of its trace
+    pp: PPTrace = field(default_factory=PPTrace)    # its pipeline actions and p2p waits (ppschedule)
+    gemms: list = field(default_factory=list)       # [[op, input dims, count]]: shapes.infer_shape's input
+    dtensor: bool = False                           # GEMMs dispatched by DTensor: their shapes are global
 
     def set_rank(self, rank: int) -> None:
         """The rank a trace without distributedInfo is shown as (chosen by the merge)."""
@@ -93,4 +104,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         events=len(t), excluded_events=w.excluded_rows, notes=notes)
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
-                       gantt=gantt_input(rt, w, timeline, sets.compute))
+                       gantt=gantt_input(rt, w, timeline, sets.compute),
+                       pg_config=compact_pg_config(rt.pg_config), pp=read_rank(rt, w, timeline, comms),
+                       gemms=[[op, [list(d) for d in dims], int(n)] for (op, dims), n in rt.gemms.items()],
+                       dtensor=bool(t.name_mask(DTENSOR_RE.match).any()))

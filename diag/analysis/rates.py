@@ -1,7 +1,10 @@
 """Throughput and MFU of a job: measured step time combined with the model and batch shape.
 
-The shape comes from the trainer's diag_run.json or the user's flags; a trace from
-another program says nothing about tokens or model size, so those stay unknown.
+The shape comes from the trainer's diag_run.json, a framework config file or the user's
+flags; a trace from another program says nothing about tokens or model size, so those stay
+unknown. Model FLOPs follow throughput's convention (6 N tokens + 12 L h s tokens) with the
+real MLP and attention shapes where they are known (ffn_hidden_size, SwiGLU, GQA's
+num_query_groups); where they are not, a plain GPT block (4h GeLU MLP, multi-head attention).
 """
 from __future__ import annotations
 
@@ -16,6 +19,12 @@ from .throughput import model_flops_per_step, mfu, tokens_per_second_per_gpu
 SHAPE_KEYS = ("global_batch_size", "seq_length", "num_layers", "hidden_size", "vocab_size")
 
 
+def _arch(meta: dict) -> dict:
+    """The model's matmul shape beyond L, h and V, in throughput.gpt_params' keywords."""
+    return dict(ffn_hidden=meta.get("ffn_hidden_size"), num_heads=meta.get("num_attention_heads"),
+                num_query_groups=meta.get("num_query_groups"), swiglu=bool(meta.get("swiglu")))
+
+
 def throughput(ranks: list[RankResult], meta: dict, world: Optional[int],
                peak_tflops: Optional[float] = None) -> Throughput:
     times = [r.step_time_s for r in ranks if r.step_time_s]
@@ -26,7 +35,7 @@ def throughput(ranks: list[RankResult], meta: dict, world: Optional[int],
     flops = None
     if not missing:
         flops = model_flops_per_step(meta["num_layers"], meta["hidden_size"], meta["seq_length"], meta["vocab_size"],
-                                     tokens, ffn_hidden=meta.get("ffn_hidden_size"))
+                                     tokens, **_arch(meta))
     peak, source = None, None
     if peak_tflops:
         peak, source = peak_tflops * 1e12, "--peak-tflops"

@@ -6,10 +6,11 @@ the trace cannot give is null (None), never a guess.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null
 
 
 @dataclass
@@ -95,6 +96,10 @@ class Diagnosis:
     other_runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     run: Optional[dict] = None            # diag_run.json, when the trainer wrote one
+    layout: Optional[str] = None          # "layout pp2 × dp2 × tp2, from process-group names"; None: unknown
+    layout_dims: Optional[list] = None    # [[axis, size], ...] outermost first, when the grid is known
+    facts: dict = field(default_factory=dict)   # the run's facts as used: diag_run.json < --config < flags
+                                                # < the trace (GEMM shapes, layout): Megatron names
     comm: Optional["CommAnalysis"] = None
     findings: list["Finding"] = field(default_factory=list)
     pipeline: Optional["Pipeline"] = None
@@ -117,7 +122,7 @@ class CommOpStat:
     median_bytes: Optional[float]
     time_s: float                      # per rank (mean over ranks), whole window
     exposed_s: float                   # per rank, not hidden behind compute
-    wait_s: float                      # per rank, waiting for the last rank to arrive
+    wait_s: Optional[float]            # per rank, waiting for the last rank; None: no instance matched
     busbw_median_gbps: Optional[float]  # GB/s (1e9 B/s), nccl-tests busbw
     busbw_p95_gbps: Optional[float]
     busbw_basis: Optional[str]         # "transfer" (matched across the group) or "kernel (includes wait)"
@@ -128,6 +133,7 @@ class CommOpStat:
     bench_efficiency: Optional[float] = None  # busbw_median / achievable: in-training link efficiency
     plateau_gbps: Optional[float] = None      # the highest busbw `diag bench` measured for this axis and op
     plateau_bytes: Optional[float] = None     # the smallest measured size reaching 90% of it
+    group_size: Optional[int] = None          # n of the bus factor (median): the trace's, else a complete match's
 
 
 @dataclass
@@ -144,16 +150,41 @@ class RankComm:
     rank: int
     comm_s: float
     exposed_s: float
-    wait_s: float
+    wait_s: Optional[float]            # None: none of its instances matched, so its wait is unmeasured
     matched: int                       # instances matched with their group
     arrived_last: int                  # of those, how often this rank was the last to arrive
 
 
+class StragglerBasis(str, enum.Enum):
+    """What a straggler was found from."""
+
+    COLLECTIVES = "collectives"        # it arrives last at matched collectives
+    STEPS = "steps"                    # its median step time stands out
+
+
+class StragglerKind(str, enum.Enum):
+    """The shape of the set of ranks the others wait for."""
+
+    RANK = "rank"                      # one rank
+    TURNS = "turns"                    # a few ranks taking turns arriving last
+    NODE = "node"                      # every analysed rank of one host (from the trace file names)
+    BLOCK = "block"                    # consecutive ranks, their hosts unknown: one node?
+
+
 @dataclass
 class Straggler:
-    rank: int
-    reason: str                        # "arrives last at collectives" | "slow steps"
+    rank: int                          # the member the others waited for most (the only one for kind "rank")
+    reason: str                        # in words: "arrives last at collectives", "slow steps", ...
     evidence: str
+    ranks: list[int] = field(default_factory=list)   # every member, ascending; [rank] for one rank
+    kind: StragglerKind = StragglerKind.RANK
+    basis: StragglerBasis = StragglerBasis.COLLECTIVES
+    who: str = ""                      # the set in words: "rank 2", "ranks 3 and 6", "ranks 8-15 (node h1)"
+    node: Optional[str] = None         # the host, for kind "node"
+
+    def __post_init__(self) -> None:
+        self.ranks = self.ranks or [self.rank]
+        self.who = self.who or f"rank {self.rank}"
 
 
 @dataclass
@@ -162,7 +193,17 @@ class CommAnalysis:
     axes: list[AxisOverlap] = field(default_factory=list)
     ranks: list[RankComm] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
+    stragglers_unknown: Optional[str] = None   # why collectives cannot tell who is late (nothing matched)
     notes: list[str] = field(default_factory=list)
+
+
+class FindingKind(str, enum.Enum):
+    """What a Finding measures, for the rules to test (its `what` is for people)."""
+
+    IDLE = "idle"                      # GPU (or host) idle
+    MEMORY = "memory"                  # memory copies not hidden
+    COMM = "comm"                      # exposed communication of one axis
+    STRAGGLER = "straggler"            # the others waiting for a rank or a set of ranks
 
 
 @dataclass
@@ -173,15 +214,19 @@ class Finding:
     seconds_per_step: float
     share_of_step: Optional[float]     # of the median step time; None when steps are unknown
     detail: str
+    kind: FindingKind
+    ranks: list[int] = field(default_factory=list)   # kind "straggler": the ranks waited for
 
 
 @dataclass
 class PipelineStage:
     stage: int                         # pp rank
     ranks: list[int]
-    bubble_s: float                    # per step: waiting on pipeline neighbours, not computing
+    bubble_s: Optional[float]          # per step: waiting on pipeline neighbours; None: the trace cannot show it
     bubble_fraction: Optional[float]   # of the step
     compute_s: float                   # per step, busy computing (for balance between stages)
+    unknown: Optional[str] = None      # why bubble_s is None
+    order: list[str] = field(default_factory=list)   # one step's actions as torch names them: "2F0", "B1"
 
 
 @dataclass
@@ -189,12 +234,15 @@ class Pipeline:
     p: int
     m: Optional[int]                   # micro-batches per step
     v: int                             # virtual stages per rank (1 = not interleaved)
-    schedule: Optional[str]
+    schedule: Optional[str]            # diag's names: 1f1b, gpipe, interleaved-1f1b, looped-bfs, zb1p, zbv, dualpipev
     ideal_fraction: Optional[float]    # of the step
     convention: str
     stages: list[PipelineStage] = field(default_factory=list)
-    measured: str = ("exposed pipeline (PP) send/recv: time a stage waits on its neighbours "
-                     "and is not computing, per step, as a fraction of the step")
+    measured: str = ("time a stage's ranks wait on their pipeline neighbours, per step, as a fraction of "
+                     "the step: on a GPU timeline the pipeline send/recv kernels not under compute; on a "
+                     "host timeline the main thread blocked in a pipeline send/recv or in its wait")
+    source: Optional[str] = None       # where schedule, m and v came from
+    unknown: list[str] = field(default_factory=list)   # what could not be read, and why
 
 
 @dataclass

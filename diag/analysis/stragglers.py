@@ -1,28 +1,44 @@
-"""Stragglers: ranks that make the others wait.
+"""Stragglers: ranks that make the others wait, one rank or a set of them.
 
 Two kinds of evidence, both from durations (hosts' clocks are not aligned):
-- collectives: in each matched collective the rank that arrived last waited least; a rank
-  that is last in most of them, and not because it had itself waited earlier in the step
-  (a pipeline neighbour or another collective delayed it), delays its groups;
+- collectives: in each matched collective the rank that arrived last waited least; it is
+  credited with the others' wait unless it was itself late for having waited earlier in the
+  step (a pipeline neighbour or another collective delayed it). The straggler is the smallest
+  set of ranks that together caused most of the credited delay: one rank; a few that take
+  turns arriving last (each host-bound in its own moments); or the ranks of one slow node,
+  which the trace file names may say (Kineto names a file `<host>_<pid>.<ns>.pt.trace.json`);
 - steps: a rank whose median step time is well above the others'.
+When no collective could be matched across ranks, nobody can tell who is late: that is said,
+not "no straggler".
 """
 from __future__ import annotations
 
+import os
+import re
 from collections import defaultdict
+from typing import Optional
 
 import numpy as np
 
 from ..trace.kinds import Coll
 from .collectives import RankComms
 from .matching import Matched
-from .results import RankResult, Straggler
+from .results import RankResult, Straggler, StragglerBasis, StragglerKind
 
 P2P = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
 
 MIN_DELAY_NS = 20_000          # a wait under 20 us is noise, not a straggler
-LAST_SHARE = 0.6               # credited with at least 60% of the delays
-MIN_EVENTS = 3
+SET_SHARE = 0.6                # the set caused at least 60% of the credited delay
+CORE_SHARE = 0.4               # or a smaller set standing far above the rest caused at least 40% of it
+MAX_SET_SHARE = 0.5            # ... and is at most half of the ranks analysed
+SET_LIFT = 1.5                 # ... with a share of the delay 1.5x its share of the ranks, at least
+SET_GAP = 2.0                  # ... and its least member caused twice what any rank outside it did
+TIE_SHARE = 0.8                # a rank that caused 80% of the least member's delay is one of them
+MEMBER_SHARE = 0.25            # each member caused a quarter of an even split of the set's delay, at least
+MIN_EVENTS = 3                 # ... and was last in three collectives, at least
 SLOW_STEP = 1.10               # median step 10% above the median of the ranks
+# torch.profiler.tensorboard_trace_handler names a file "<hostname>_<pid>.<time_ns>.pt.trace.json"
+KINETO_FILE = re.compile(r"^(.+)_\d+\.\d+\.pt\.trace\.json(?:\.gz)?$")
 
 
 def _waited_before(rc: RankComms, m: Matched) -> np.ndarray:
@@ -89,23 +105,134 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
     return credits
 
 
-def collective_stragglers(comms: list[RankComms], matched: list[Matched], steps: int) -> list[Straggler]:
-    credits = _credits(comms, matched)
-    if not credits:
-        return []
+def _tally(credits: list) -> tuple[dict, dict]:
+    """Per rank: how many collectives it delayed, and the delay it caused (ns)."""
     count, caused = defaultdict(int), defaultdict(float)
     for rank, delay in credits:
         count[rank] += 1
         caused[rank] += delay
-    out = []
-    for rank, n in sorted(count.items(), key=lambda kv: -caused[kv[0]]):
-        if n >= MIN_EVENTS and n >= LAST_SHARE * len(credits):
-            per_step = f", {caused[rank] * 1e-6 / steps:,.2f} ms per step" if steps else ""
-            out.append(Straggler(rank=rank, reason="arrives last at collectives", evidence=(
-                f"last to arrive, and not for waiting itself, in {n} of {len(credits)} collectives that "
-                f"waited {MIN_DELAY_NS // 1000} us or more for a rank; the others waited "
-                f"{caused[rank] * 1e-6:,.2f} ms in all{per_step}")))
-    return out
+    return count, caused
+
+
+def smallest_set(count: dict, caused: dict, n_ranks: int) -> list[int]:
+    """The fewest ranks that together caused SET_SHARE of the delay, with any rank that caused
+    nearly as much as the least of them (equals are not left out at random), ascending; [] when
+    no set is worth naming: a member with under MIN_EVENTS collectives or under MEMBER_SHARE of
+    an even split of the set's delay, or a set of several that does not stand out."""
+    total = sum(caused.values())
+    order = sorted(caused, key=lambda r: (-caused[r], r))        # the biggest first: the fewest members
+    cum = np.cumsum([caused[r] for r in order])
+    k = int(np.searchsorted(cum, SET_SHARE * total)) + 1
+    k += sum(caused[r] >= TIE_SHARE * caused[order[k - 1]] for r in order[k:])
+    members, share = order[:k], cum[k - 1] / total
+    next_one = caused[order[k]] if k < len(order) else 0.0      # the biggest outside the set
+    if k > 1 and not _stands_out(k, share, caused[order[k - 1]], next_one, n_ranks):
+        # the 60% set is noise-like; a smaller set that still caused most of the delay and stands
+        # far above every other rank is the straggler (one rank asleep among ranks jittering by turns)
+        k = next((j for j in range(1, k) if cum[j - 1] >= CORE_SHARE * total and _stands_out(
+            j, cum[j - 1] / total, caused[order[j - 1]], caused[order[j]], n_ranks)), 0)
+        if not k:
+            return []
+        members, share = order[:k], cum[k - 1] / total
+    even = share * total / k
+    if any(count[r] < MIN_EVENTS or caused[r] < MEMBER_SHARE * even for r in members):
+        return []
+    return sorted(members)
+
+
+def _stands_out(k: int, share: float, least: float, next_one: float, n_ranks: int) -> bool:
+    """A set of k ranks is a straggler, not the noise of many ranks late by turns, when it is at
+    most MAX_SET_SHARE of the ranks, its share of the delay is SET_LIFT times its share of the
+    ranks, and its least member caused SET_GAP times what the next rank outside it did."""
+    return (k <= MAX_SET_SHARE * n_ranks and share >= SET_LIFT * k / max(n_ranks, 1)
+            and least >= SET_GAP * next_one)
+
+
+def _block(ranks: list[int]) -> bool:
+    """Three or more consecutive ranks (ascending)."""
+    return len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1))
+
+
+def rank_span(ranks: list[int]) -> str:
+    """[8, ..., 15] -> '8-15'; [3, 6] -> '3 and 6'; [1, 5, 9] -> '1, 5 and 9'."""
+    if _block(ranks):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def rank_hosts(ranks: list[RankResult]) -> dict[int, str]:
+    """Rank -> host, from Kineto's default file names; {} unless every rank's file says it."""
+    hosts = {r.rank: m.group(1) for r in ranks if (m := KINETO_FILE.match(os.path.basename(r.file)))}
+    return hosts if len(hosts) == len(ranks) else {}
+
+
+def _node_of(members: list[int], hosts: dict[int, str]) -> Optional[str]:
+    """The host whose analysed ranks are exactly `members`, in a job of two or more hosts."""
+    on = {hosts.get(r) for r in members}
+    if len(set(hosts.values())) < 2 or len(on) != 1 or None in on:
+        return None
+    host = on.pop()
+    return host if sorted(r for r, h in hosts.items() if h == host) == members else None
+
+
+def _shape(members: list[int], hosts: dict[int, str]) -> tuple[StragglerKind, str, str, Optional[str]]:
+    """(kind, who, reason, node) of a set of late ranks."""
+    if len(members) == 1:
+        return StragglerKind.RANK, f"rank {members[0]}", "arrives last at collectives", None
+    who = f"ranks {rank_span(members)}"
+    node = _node_of(members, hosts)
+    if node:
+        return (StragglerKind.NODE, f"{who} (node {node})", f"arrive last at collectives: every rank of node "
+                f"{node} and no other (hosts from the trace file names)", node)
+    if _block(members) and not hosts:
+        return (StragglerKind.BLOCK, f"{who} (one node?)", f"arrive last at collectives: a contiguous block of "
+                f"{len(members)} ranks, one node? (the traces do not say which host each rank ran on)", None)
+    on = f" (on {', '.join(sorted({hosts[r] for r in members}))})" if hosts else ""
+    return StragglerKind.TURNS, who, "take turns arriving last at collectives" + on, None
+
+
+def _evidence(members: list[int], count: dict, caused: dict, credits: int, steps: int) -> str:
+    waited = sum(caused[r] for r in members)
+    per_step = f", {waited * 1e-6 / steps:,.2f} ms per step" if steps else ""
+    floor = f"{credits} collectives that waited {MIN_DELAY_NS // 1000} us or more for a rank"
+    if len(members) == 1:
+        return (f"last to arrive, and not for waiting itself, in {count[members[0]]} of {floor}; "
+                f"the others waited {waited * 1e-6:,.2f} ms in all{per_step}")
+    each = [count[r] for r in members]
+    split = (", ".join(f"rank {r}: {count[r]}" for r in members) if len(members) <= 4
+             else f"{min(each)} each" if min(each) == max(each) else f"{min(each)} to {max(each)} each")
+    share = waited / sum(caused.values())
+    return (f"between them last to arrive, and not for waiting itself, in {sum(each)} of {floor} ({split}); "
+            f"those collectives waited {waited * 1e-6:,.2f} ms in all{per_step} (each its waiting ranks' median "
+            "wait), "
+            f"{100 * share:.0f}% of all the waiting for a late rank")
+
+
+def collective_stragglers(comms: list[RankComms], matched: list[Matched], steps: int,
+                          hosts: Optional[dict] = None) -> list[Straggler]:
+    """The set of ranks the others wait for at collectives ([] or one Straggler); hosts: rank -> host."""
+    credits = _credits(comms, matched)
+    if not credits:
+        return []
+    count, caused = _tally(credits)
+    members = smallest_set(count, caused, len(comms))
+    if not members:
+        return []
+    kind, who, reason, node = _shape(members, hosts or {})
+    return [Straggler(rank=max(members, key=lambda r: caused[r]), reason=reason,
+                      evidence=_evidence(members, count, caused, len(credits), steps),
+                      ranks=members, kind=kind, who=who, node=node)]
+
+
+def cannot_tell(comms: list[RankComms], matched: list[Matched], world: Optional[int]) -> Optional[str]:
+    """Why collectives cannot say who is late, on a job of two or more ranks with collectives;
+    None when they can (or there are none: pipeline send/recv are never credited)."""
+    colls = [~np.isin(rc.coll, P2P) for rc in comms]
+    if max(world or 0, len(comms)) < 2 or not any(c.any() for c in colls):
+        return None
+    if any(((m.match_id >= 0) & c).any() for c, m in zip(colls, matched)):
+        return None
+    return "no collective could be matched across ranks"
 
 
 def step_stragglers(ranks: list[RankResult]) -> list[Straggler]:
@@ -114,5 +241,6 @@ def step_stragglers(ranks: list[RankResult]) -> list[Straggler]:
         return []
     med = float(np.median(list(times.values())))
     return [Straggler(rank=r, reason="slow steps",
-                      evidence=f"median step {t * 1e3:,.1f} ms vs {med * 1e3:,.1f} ms across ranks ({t / med:.2f}x)")
+                      evidence=f"median step {t * 1e3:,.1f} ms vs {med * 1e3:,.1f} ms across ranks ({t / med:.2f}x)",
+                      basis=StragglerBasis.STEPS)
             for r, t in sorted(times.items()) if med > 0 and t > SLOW_STEP * med]

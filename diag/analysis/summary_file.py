@@ -22,7 +22,7 @@ from .rankpass import RankSummary
 
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
-VERSION = 1
+VERSION = 3                           # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits
 _EDGE = 1 << 20                       # bytes fingerprinted at each end of the trace
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30

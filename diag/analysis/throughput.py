@@ -11,17 +11,19 @@ Convention (stated once, used everywhere):
   (`get_nparams_and_flops` in the model args, formerly `utils.get_num_flop_per_token`:
   "6 * (nparams - nparams_embedding) + 12 * l * h * q * t").
   N = parameters that take part in matmuls per token:
-      N = L * (4 h^2 + 2 h f) + V h
-  i.e. per block the Q, K, V, O projections (4 h^2, multi-head attention with
-  n_heads * head_dim = h) and the two MLP matrices (2 h f, f = ffn_hidden, default 4h
-  -> 12 L h^2 in total); plus the LM-head matmul V h. Excluded: the input embedding
-  (a lookup, no FLOPs; torchtitan excludes nn.Embedding parameters), biases, layer norms,
-  position embeddings. The LM head counts whether or not it is tied to the embedding
-  (it is a matmul either way; for untied models this equals torchtitan's count).
-  The attention term 12 L h s per token is QK^T and AV (2 * 2 s h forward per layer,
-  x3 for forward + backward) over the FULL sequence: no halving for a causal mask
-  (PaLM and torchtitan do not halve either).
-  For SwiGLU (3 MLP matrices) or GQA, pass `params` explicitly.
+      N = L * (2 h^2 + 2 h h_kv + m h f) + V h,   h_kv = h * groups / heads
+  i.e. per block the Q and O projections (h x h each: n_heads * head_dim = h, Megatron's
+  default kv_channels), the K and V projections (h x h_kv each: grouped-query attention with
+  `num_query_groups` key/value heads; h_kv = h without GQA), and the MLP's m matrices of
+  h x f (m = 2 for GeLU, m = 3 for SwiGLU's gate, up and down; f = ffn_hidden, default 4h,
+  or for SwiGLU Megatron-LM's int(8h/3 / 64) * 64); plus the LM-head matmul V h. For a plain
+  GPT (MHA, 2 matrices, f = 4h) this is 12 L h^2 + V h. Excluded: the input embedding (a
+  lookup, no FLOPs; torchtitan excludes nn.Embedding parameters), biases, norms, position
+  embeddings. The LM head counts whether or not it is tied to the embedding (it is a matmul
+  either way; for untied models, e.g. Llama 3 8B, this equals torchtitan's count less its
+  norms). The attention term 12 L h s per token is QK^T and AV (2 * 2 s h forward per layer,
+  x3 for forward + backward) over the FULL sequence: no halving for a causal mask (PaLM and
+  torchtitan do not halve either); GQA shares K/V heads but every query head still attends.
 """
 from __future__ import annotations
 
@@ -29,11 +31,23 @@ from __future__ import annotations
 RECOMPUTE_MODES = ("none", "full", "selective")
 
 
-def gpt_params(num_layers: int, hidden: int, vocab: int, ffn_hidden: int | None = None) -> float:
-    """Matmul parameter count N = L * (4 h^2 + 2 h f) + V h (f defaults to 4h); see the
-    module docstring for what is in and out."""
-    f = 4 * hidden if ffn_hidden is None else ffn_hidden
-    return float(num_layers) * (4.0 * hidden * hidden + 2.0 * hidden * f) + float(vocab or 0) * hidden
+def default_ffn_hidden(hidden: int, swiglu: bool = False) -> int:
+    """Megatron-LM's MLP width when none is given: 4h, or for SwiGLU 2/3 of that rounded
+    down to a multiple of 64 (three matrices instead of two, about the same parameters)."""
+    return int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden
+
+
+def gpt_params(num_layers: int, hidden: int, vocab: int, ffn_hidden: int | None = None, *,
+               num_heads: int | None = None, num_query_groups: int | None = None,
+               swiglu: bool = False) -> float:
+    """Matmul parameter count N = L * (2 h^2 + 2 h h_kv + m h f) + V h; see the module
+    docstring for what is in and out. Without both num_heads and num_query_groups the
+    attention is taken as multi-head (h_kv = h)."""
+    h = float(hidden)
+    f = float(default_ffn_hidden(hidden, swiglu) if ffn_hidden is None else ffn_hidden)
+    h_kv = h * num_query_groups / num_heads if num_heads and num_query_groups else h
+    per_layer = 2.0 * h * h + 2.0 * h * h_kv + (3.0 if swiglu else 2.0) * h * f
+    return float(num_layers) * per_layer + float(vocab or 0) * h
 
 
 def attention_flops_per_token(num_layers: int, hidden: int, seq_len: int) -> float:
@@ -43,19 +57,20 @@ def attention_flops_per_token(num_layers: int, hidden: int, seq_len: int) -> flo
 
 
 def model_flops_per_step(num_layers: int, hidden: int, seq_len: int, vocab: int, tokens: float,
-                         ffn_hidden: int | None = None, params: float | None = None) -> float:
+                         ffn_hidden: int | None = None, params: float | None = None, **arch) -> float:
     """Dense GPT model FLOPs per training step: 6 N tokens + 12 L h s tokens.
 
     `tokens` = tokens per step over the whole job (global batch x seq_len). `params`
     overrides N (it must follow the same convention: matmul parameters, LM head in,
-    input embedding out)."""
-    n = gpt_params(num_layers, hidden, vocab, ffn_hidden) if params is None else float(params)
+    input embedding out); else N = gpt_params(..., **arch), arch being its keyword-only
+    shape (num_heads, num_query_groups, swiglu)."""
+    n = gpt_params(num_layers, hidden, vocab, ffn_hidden, **arch) if params is None else float(params)
     return (6.0 * n + attention_flops_per_token(num_layers, hidden, seq_len)) * tokens
 
 
 def hfu_flops_per_step(num_layers: int, hidden: int, seq_len: int, vocab: int, tokens: float,
                        ffn_hidden: int | None = None, params: float | None = None,
-                       recompute: str = "none") -> float:
+                       recompute: str = "none", **arch) -> float:
     """Hardware FLOPs per step: model FLOPs + the forward FLOPs recomputed in backward.
 
     "none": = model FLOPs.
@@ -70,13 +85,13 @@ def hfu_flops_per_step(num_layers: int, hidden: int, seq_len: int, vocab: int, t
     """
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-    base = model_flops_per_step(num_layers, hidden, seq_len, vocab, tokens, ffn_hidden, params)
+    base = model_flops_per_step(num_layers, hidden, seq_len, vocab, tokens, ffn_hidden, params, **arch)
     attn_fwd = 4.0 * num_layers * hidden * seq_len * tokens
     if recompute == "none":
         return base
     if recompute == "selective":
         return base + attn_fwd
-    n = gpt_params(num_layers, hidden, vocab, ffn_hidden) if params is None else float(params)
+    n = gpt_params(num_layers, hidden, vocab, ffn_hidden, **arch) if params is None else float(params)
     n_blocks = n - float(vocab or 0) * hidden
     return base + 2.0 * n_blocks * tokens + attn_fwd
 

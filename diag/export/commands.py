@@ -12,24 +12,13 @@ import sys
 
 import click
 
+from ..cli import diagnose_or_exit
+from ..runinputs import run_options
+
 
 def _fail(message: str) -> None:
     click.echo(f"diag: error: {message}", err=True)
     sys.exit(2)
-
-
-def _diagnosis(path: str, strict: bool, tp, pp, peak_tflops):
-    from ..analysis import diagnose
-    from ..analysis.collect import load_summaries
-    from ..trace.errors import TraceError
-
-    try:
-        job = load_summaries(path, strict=strict)
-        return diagnose(job, tp=tp, pp=pp, peak_tflops=peak_tflops)
-    except TraceError as e:
-        _fail(str(e))
-    except ValueError as e:
-        _fail(f"{path}: {e}")
 
 
 @click.command()
@@ -40,21 +29,15 @@ def _diagnosis(path: str, strict: bool, tp, pp, peak_tflops):
 @click.option("--pushgateway", metavar="URL", help="Also push it to this Pushgateway.")
 @click.option("--job", metavar="NAME",
               help="`job` label (and Pushgateway group); default: the traces' directory name.")
-@click.option("--strict", is_flag=True, help="Fail on the first unreadable rank file.")
-@click.option("--tp", type=click.IntRange(1), default=None,
-              help="TP size (default: diag_run.json).")
-@click.option("--pp", type=click.IntRange(1), default=None,
-              help="PP size (default: diag_run.json).")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Peak dense TFLOP/s per device for MFU.")
-def export(path, textfile, pushgateway, job, strict, tp, pp, peak_tflops) -> None:
+@run_options
+def export(path, textfile, pushgateway, job, inputs) -> None:
     """Export the diagnosis of PATH's traces as Prometheus metrics."""
     from . import prometheus
 
     if not textfile and not pushgateway:
         _fail("nothing to do: give --prometheus FILE and/or --pushgateway URL")
     name = job or os.path.basename(os.path.abspath(path).rstrip(os.sep)) or "diag"
-    diagnosis = _diagnosis(path, strict, tp, pp, peak_tflops)
+    diagnosis = diagnose_or_exit(path, inputs)
     try:
         if textfile == "-":
             click.echo(prometheus.to_text(diagnosis, name), nl=False)

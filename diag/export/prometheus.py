@@ -105,8 +105,8 @@ class DiagnosisCollector:
             self._add("diag_trace_comm_hidden_ratio", "communication hidden behind compute",
                       a.hidden_ratio, axis=a.axis)
         for s in c.stragglers:
-            self._add("diag_trace_straggler", "1 for a rank the others wait for", 1,
-                      rank=s.rank, reason=s.reason)
+            for r in s.ranks:          # a set (ranks taking turns, a node): one series per member
+                self._add("diag_trace_straggler", "1 for a rank the others wait for", 1, rank=r, reason=s.reason)
 
     def _pipeline(self) -> None:
         p = self.d.pipeline

@@ -96,10 +96,11 @@ def wait_heatmap(d: Diagnosis):
     stragglers marked on the axis."""
     go = _go()
     comm = {c.rank: c for c in (d.comm.ranks if d.comm else [])}
-    slow = {s.rank for s in (d.comm.stragglers if d.comm else [])}
+    slow = {r for s in (d.comm.stragglers if d.comm else []) for r in s.ranks}
     ranks = [r.rank for r in d.ranks]
     cols = ["collective ms", "exposed ms", "wait ms"]
-    z = [[1e3 * c.comm_s, 1e3 * c.exposed_s, 1e3 * c.wait_s] if (c := comm.get(r)) else [None] * 3 for r in ranks]
+    z = [[1e3 * c.comm_s, 1e3 * c.exposed_s, None if c.wait_s is None else 1e3 * c.wait_s]   # None: unmeasured
+         if (c := comm.get(r)) else [None] * 3 for r in ranks]
     labels = [f"rank {r} ⚠ straggler" if r in slow else f"rank {r}" for r in ranks]
     fig = go.Figure(go.Heatmap(z=z, x=cols, y=labels, colorscale="Oranges", colorbar=dict(title="ms"),
                                texttemplate="%{z:.1f}"))

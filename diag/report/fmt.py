@@ -38,7 +38,8 @@ def headline(d: Diagnosis) -> list[str]:
     timeline = "GPU" if any(r.timeline == "gpu" for r in d.ranks) else "host (CPU-only)"
     lines = [f"{os.path.basename(d.source.rstrip('/')) or d.source}: {n} rank trace{'s' * (n != 1)}, "
              f"{ws}, backend {d.backend or 'unknown'}",
-             f"Timeline: {timeline}" + (f"; device: {', '.join(devices)}" if devices else "")]
+             f"Timeline: {timeline}" + (f"; device: {', '.join(devices)}" if devices else ""),
+             f"Layout: {d.layout}" if d.layout else "Layout: unknown (no process-group names, sizes or config file)"]
     if d.missing_ranks:
         lines.append(f"Ranks without a trace here: {len(d.missing_ranks)} of {d.world_size}")
     return lines
@@ -104,6 +105,21 @@ def op_rows(d: Diagnosis) -> list[list[str]]:
     return rows
 
 
+def straggler_line(s) -> str:
+    """One straggler (analysis.results.Straggler) in words: who, why, and the evidence."""
+    return f"{s.who} {s.reason}: {s.evidence}"
+
+
+def straggler_lines(d: Diagnosis) -> list[str]:
+    """The stragglers, or why nobody can tell who is late (nothing matched across ranks)."""
+    if not d.comm:
+        return []
+    lines = [f"straggler: {straggler_line(s)}" for s in d.comm.stragglers]
+    if d.comm.stragglers_unknown:
+        lines.insert(0, f"stragglers: cannot tell ({d.comm.stragglers_unknown})")
+    return lines
+
+
 PIPE_HEADER = ["stage", "ranks", "bubble ms/step", "bubble %", "ideal %", "compute ms/step"]
 
 
@@ -112,8 +128,9 @@ def pipeline_rows(d: Diagnosis) -> list[list[str]]:
     if not p:
         return []
     ideal = pct(None if p.ideal_fraction is None else 100 * p.ideal_fraction)
-    return [[str(s.stage), _ranks(s.ranks), ms(s.bubble_s, 2),
-             pct(None if s.bubble_fraction is None else 100 * s.bubble_fraction), ideal, ms(s.compute_s, 2)]
+    # An unmeasurable bubble says "unknown" (the caption says why), never a dash that reads as 0.
+    return [[str(s.stage), _ranks(s.ranks), "unknown" if s.bubble_s is None else ms(s.bubble_s, 2),
+             "unknown" if s.bubble_fraction is None else pct(100 * s.bubble_fraction), ideal, ms(s.compute_s, 2)]
             for s in p.stages]
 
 
@@ -123,11 +140,21 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks)) if len(ranks) <= 4 else f"{ranks[0]},...({len(ranks)})"
 
 
+ORDER_SHOWN = 24            # actions of one step shown per stage; longer orders end with "…"
+
+
 def pipeline_caption(d: Diagnosis) -> str:
     p = d.pipeline
     m = "unknown" if p.m is None else str(p.m)
-    return (f"p={p.p}, m={m}, v={p.v}, schedule {p.schedule or 'unknown'}; ideal: {p.convention}. "
-            f"Measured: {p.measured}.")
+    parts = [f"p={p.p}, m={m}, v={p.v}, schedule {p.schedule or 'unknown'}"
+             + (f" ({p.source})" if p.source else "") + f"; ideal: {p.convention}. Measured: {p.measured}."]
+    orders = [f"stage {s.stage}: {' '.join(s.order[:ORDER_SHOWN])}{' …' * (len(s.order) > ORDER_SHOWN)}"
+              for s in p.stages if s.order]
+    if orders:
+        parts.append("Order of one step: " + "; ".join(orders) + ".")
+    parts += [f"Stage {s.stage}: bubble unknown ({s.unknown})." for s in p.stages if s.bubble_s is None and s.unknown]
+    parts += [f"Unknown: {u}." for u in p.unknown]
+    return " ".join(parts)
 
 
 def throughput_lines(d: Diagnosis) -> list[str]:

@@ -15,7 +15,7 @@ from ..analysis.results import Diagnosis
 from . import charts
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, grouped_rank_notes, headline, op_rows, ops_legend, pipeline_caption, pipeline_rows,
-                  rank_row, throughput_lines)
+                  rank_row, straggler_lines, throughput_lines)
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
 color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:.25em .7em;
@@ -74,8 +74,7 @@ def _ranks(d: Diagnosis) -> list[str]:
     out = [_figure(charts.step_heatmap(d))]
     if d.comm:
         out.append(_figure(charts.wait_heatmap(d)))
-        out += [f"<p class='straggler'>straggler: rank {s.rank} {_e(s.reason)}: {_e(s.evidence)}</p>"
-                for s in d.comm.stragglers]
+        out += [f"<p class='straggler'>{_e(line)}</p>" for line in straggler_lines(d)]
     return out
 
 

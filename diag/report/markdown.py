@@ -5,7 +5,7 @@ from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
-                  short_kernel, throughput_lines)
+                  short_kernel, straggler_lines, throughput_lines)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -32,7 +32,7 @@ def render_markdown(d: Diagnosis) -> str:
         lines += ["## Communication by parallel axis", ""] + _table(AXIS_HEADER, axis_rows(d)) + [""]
         lines += ["## Collectives by axis, op and message size", ""] + _table(OPS_HEADER, op_rows(d))
         lines += ["", f"_{ops_legend(d)}_", ""]
-        lines += [f"- **straggler** rank {s.rank} {s.reason}: {s.evidence}" for s in d.comm.stragglers]
+        lines += [f"- {line}" for line in straggler_lines(d)]
         lines += [f"- note: {n}" for n in d.comm.notes] + [""]
     lines += ["## Recommendations, biggest predicted gain first", ""] + recommendation_lines(d.recommendations, md=True)
     lines.append("")

@@ -12,7 +12,7 @@ from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, grouped_rank_notes, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
-                  short_kernel, throughput_lines)
+                  short_kernel, straggler_lines, throughput_lines)
 
 
 def _table(title: str, header: list[str]) -> Table:
@@ -59,11 +59,12 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
     if d.comm:
         _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
         _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), ops_legend(d))
-        for s in d.comm.stragglers:
-            con.print(f"straggler: rank {s.rank} {s.reason}: {s.evidence}", markup=False)
+        told = straggler_lines(d)
+        for line in told:
+            con.print(line, markup=False)
         for n in d.comm.notes:
             con.print(f"note: {n}", style="dim", markup=False)
-        if d.comm.stragglers or d.comm.notes:
+        if told or d.comm.notes:
             con.print()
     for r in d.ranks[:1]:
         rows = [[short_kernel(k.name), k.kind, str(k.count), ms(k.total_s, 2), f"{100 * k.share:.1f}"]

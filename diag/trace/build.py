@@ -7,6 +7,7 @@ Python objects, never a Python object per event of the whole file.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
@@ -33,6 +34,7 @@ class _Parts:
     args: dict = field(default_factory=dict)           # global row -> Args, communication rows
     meta: list = field(default_factory=list)           # metadata ("M") events
     skipped: dict = field(default_factory=dict)
+    gemms: Counter = field(default_factory=Counter)    # (op, input dims) -> count
     rows: int = 0
 
     def add(self, **arrays) -> None:
@@ -48,6 +50,7 @@ class _Parts:
 def _merge(parts: "_Parts", cc: ChunkCols) -> None:
     """Append a chunk's columns, mapping its local name and thread ids onto the rank's."""
     parts.meta.extend(cc.meta)
+    parts.gemms.update(cc.gemms)
     for k, v in cc.skipped.items():
         parts.skipped[k] = parts.skipped.get(k, 0) + v
     if not cc.rows:
@@ -129,7 +132,9 @@ def build_rank(path: str, doc: schema.TraceFile, symbols: SymbolTable | None = N
         parts.args = {int(keep[r]): a for r, a in parts.args.items() if good[r]}
     host = host_comm_mask(table.name_id, table.kind, table.symbols)
     comms = comm_table(table, parts.args, host, pg_ranks_of(doc))
-    return _rank_trace(path, doc, table, comms, parts.meta, parts.threads, parts.skipped)
+    rt = _rank_trace(path, doc, table, comms, parts.meta, parts.threads, parts.skipped)
+    rt.gemms = dict(parts.gemms)
+    return rt
 
 
 # More ranks than any job has had by orders of magnitude; past it a rank or world size is

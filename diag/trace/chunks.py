@@ -20,6 +20,7 @@ import numpy as np
 from . import schema
 from .columns import sparse_column
 from .commtable import host_comm_mask
+from .gemms import gemm_shapes
 from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_kind
 from .read import release
 from .symbols import SymbolTable
@@ -40,6 +41,7 @@ class ChunkCols:
     comm_args: dict                   # local row -> Args, for communication rows only
     meta: list = field(default_factory=list)
     skipped: dict = field(default_factory=dict)
+    gemms: Counter = field(default_factory=Counter)   # (op, input dims) -> count: gemms.gemm_shapes
 
     @property
     def rows(self) -> int:
@@ -131,6 +133,7 @@ def chunk_columns(chunk: list) -> ChunkCols:
                     external_id=sparse_column(n, need, [a.external_id for a in args]))
     is_comm = comm[need]
     out.comm_args = {int(r): a for r, a, c in zip(need.tolist(), args, is_comm.tolist()) if c}
+    out.gemms = gemm_shapes(evs, name_ids, sym.names)
     return out
 
 

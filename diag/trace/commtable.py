@@ -41,21 +41,62 @@ def group_key(ranks: object) -> Optional[str]:
         return None
 
 
-# Host-side spans that describe communication (their args say what the kernel does not).
-HOST_COMM_RE = re.compile(r"^(gloo:|c10d::|nccl:|diag:comm:|record_param_comms$)")
+# Host-side spans that describe communication (their args say what the kernel does not), and
+# the functional collectives' ops (`_c10d_functional::wait_tensor`: the shape it waits on).
+HOST_COMM_RE = re.compile(r"^(gloo:|c10d::|_?c10d_functional(_autograd)?::|nccl:|diag:comm:|record_param_comms$)")
+
+# c10d's collectives on whole tensors take (output, input): `Input Dims` list the output first.
+# Their list forms (`allgather_`, `reduce_scatter_`, ...) hold one tensor per rank: sizes unknown.
+_OUTPUT_FIRST_RE = re.compile(r"^c10d::(_allgather_base_|allgather_into_tensor_coalesced_|_reduce_scatter_base_"
+                              r"|reduce_scatter_tensor_coalesced_|alltoall_base_)$")
+_PER_RANK_LISTS_RE = re.compile(r"^c10d::(allgather|reduce_scatter|alltoall|gather|scatter)(_coalesced)?_$")
+_MAX_NELEMS = 1 << 62
 
 
-def _input_nelems(a) -> Optional[int]:
-    """Elements of the first input from `Input Dims` ([[4, 8]] -> 32), when recorded."""
+def _tensor_nelems(dims) -> Optional[int]:
+    """Elements of one argument from its `Input Dims` entry: a tensor [4, 8] -> 32, [] (a
+    scalar) -> 1, a tensor list [[4, 8], [2]] -> its first tensor's."""
+    if isinstance(dims, list) and dims and isinstance(dims[0], list):
+        dims = dims[0]
+    if not isinstance(dims, list):
+        return None
+    n = 1
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            return None
+        n *= d
+    return n if n < _MAX_NELEMS else None
+
+
+def _dims_nelems(name: str, a) -> tuple[Optional[int], Optional[int]]:
+    """(input, output) elements from `Input Dims`, when recorded: a c10d collective that takes
+    (outputs, inputs) lists its output first (`_reduce_scatter_base_`: [[4096], [8192]]); any
+    other op's first argument is its input."""
     dims = a.input_dims if a is not None else None
-    if isinstance(dims, list) and dims and isinstance(dims[0], list):    # [] is a scalar: 1 element
-        n = 1
-        for d in dims[0]:
-            if not isinstance(d, int) or d < 0:
-                return None
-            n *= d
-        return n
-    return None
+    if not isinstance(dims, list) or not dims or _PER_RANK_LISTS_RE.match(name):
+        return None, None
+    if _OUTPUT_FIRST_RE.match(name) and len(dims) >= 2:
+        return _tensor_nelems(dims[1]), _tensor_nelems(dims[0])
+    return _tensor_nelems(dims[0]), None
+
+
+def _fill_unknown(col: np.ndarray, values: list) -> None:
+    """Fill the unknown (-1) entries of an element-count column from values (None: still unknown)."""
+    known = np.array([-1 if v is None else v for v in values], np.int64)
+    col[col < 0] = known[col < 0]
+
+
+# c10d's point-to-point ops take (tensors, process group, peer, tag): the peer is the third of
+# their `Concrete Inputs`, a rank within the op's group (torch.distributed converts global ranks).
+_P2P_OPS = {"c10d::send", "c10d::recv_"}
+
+
+def _peer(name: str, a) -> int:
+    """The group-local peer of a c10d send/recv, -1 when the trace does not say."""
+    if name not in _P2P_OPS or a is None or not isinstance(a.concrete, list) or len(a.concrete) < 3:
+        return -1
+    peer = a.concrete[2]
+    return int(peer) if isinstance(peer, str) and peer.isdigit() and len(peer) < 9 else -1
 
 
 def host_comm_mask(name_ids: np.ndarray, kind: np.ndarray, symbols: SymbolTable) -> np.ndarray:
@@ -79,18 +120,20 @@ def comm_table(table: EventTable, args: dict, host: np.ndarray, pg_ranks: dict) 
     def col(attr, dtype):
         return num_column([getattr(a, attr) if a is not None else None for a in picked], dtype)
 
-    in_n = col("in_nelems", np.int64)
-    fallback = np.array([_input_nelems(a) if n < 0 else None for a, n in zip(picked, in_n)], dtype=object)
-    use = np.flatnonzero((in_n < 0) & (fallback != None))  # noqa: E711 - elementwise None test
-    in_n[use] = fallback[use].astype(np.int64)
+    in_n, out_n = col("in_nelems", np.int64), col("out_nelems", np.int64)
+    dims = [_dims_nelems(n, a) if i < 0 or o < 0 else (None, None)
+            for n, a, i, o in zip(names, picked, in_n.tolist(), out_n.tolist())]
+    _fill_unknown(in_n, [d[0] for d in dims])
+    _fill_unknown(out_n, [d[1] for d in dims])
     dtypes = [dtype_bytes(a.dtype) or (dtype_bytes(a.input_type[0]) if isinstance(a.input_type, list) and a.input_type else 0)
               if a is not None else 0 for a in picked]
     return CommTable(
         row=rows.astype(np.int64), coll=np.array(coll, dtype=np.int8), pg=np.array(pg, dtype=np.int32),
         group=np.array(groups, dtype=np.int32),
         group_size=np.maximum(col("group_size", np.int32), 0), in_nelems=in_n,
-        out_nelems=col("out_nelems", np.int64), dtype_bytes=np.array(dtypes, dtype=np.int8),
+        out_nelems=out_n, dtype_bytes=np.array(dtypes, dtype=np.int8),
         seq=col("seq", np.int64),
+        peer=np.array([_peer(n, a) for n, a in zip(names, picked)], dtype=np.int32),
     )
 
 

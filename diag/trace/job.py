@@ -17,13 +17,11 @@ import multiprocessing
 
 from .build import build_rank
 from .chunks import workers
+from .discover import NOT_TRACES, SUMMARY_SUFFIX, TRACE_SUFFIXES, find, trace_files  # noqa: F401 (re-exported)
 from .errors import TraceError
 from .read import decode_trace, file_size, is_mapped, read_bytes
 from .table import RankTrace
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
-NOT_TRACES = {"diag_run.json", "hta_reference.json"}
-SUMMARY_SUFFIX = ".diagsum"           # analysis.summary_file.SUFFIX: a rank's summary, not a trace
 RUN_METADATA = "diag_run.json"
 # Ranks of one run start their profilers within seconds of each other (same schedule);
 # two runs in one folder are minutes apart. Clocks of different hosts may differ too.
@@ -108,24 +106,20 @@ def _load_each(files: list[str]):
     yield from each_file(_try_load, files, [file_size(f) for f in files])
 
 
-def trace_files(directory: str) -> list[str]:
-    names = sorted(os.listdir(directory))
-    return [os.path.join(directory, n) for n in names
-            if n.endswith(TRACE_SUFFIXES) and n not in NOT_TRACES
-            and os.path.isfile(os.path.join(directory, n))]
-
-
 def load_job(path: str, strict: bool = False,
-             progress: Optional[Callable[[str, int, int], None]] = None) -> Job:
-    """Load a trace file or a directory of per-rank traces.
+             progress: Optional[Callable[[str, int, int], None]] = None, iteration: Optional[int] = None) -> Job:
+    """Load a trace file or a directory of per-rank traces (the directory's own, or those found
+    in its subfolders as jobs lay them out: see discover; `iteration` picks torchtitan's
+    profile_traces/iteration_<N>).
 
     Raises TraceError when nothing at all can be analysed (or, with strict, on any bad file).
     """
+    notes = []
     if os.path.isdir(path):
-        files = trace_files(path)
+        found = find(path, iteration)
+        files, meta_dir, notes = found.traces, found.directory, found.notes
         if not files:
-            raise TraceError(path, "no trace files (*.json, *.json.gz) in this directory")
-        meta_dir = path
+            raise TraceError(found.directory, "no trace files (*.json, *.json.gz) in this directory")
     elif os.path.exists(path):
         files, meta_dir = [path], os.path.dirname(os.path.abspath(path))
     else:
@@ -146,7 +140,9 @@ def load_job(path: str, strict: bool = False,
             raise TraceError(problems[0].path, problems[0].problem)
         raise TraceError(path, f"none of the {len(files)} trace files could be read "
                                f"(first: {os.path.basename(problems[0].path)}: {problems[0].problem})")
-    return assemble(path, loaded, problems, meta_dir, strict)
+    job = assemble(path, loaded, problems, meta_dir, strict)
+    job.notes[:0] = notes
+    return job
 
 
 def assemble(path: str, loaded: list, problems: list[FileProblem], meta_dir: str, strict: bool) -> Job:

@@ -80,7 +80,7 @@ _COLL_WORDS = {
     "send": Coll.SEND, "recv": Coll.RECV, "sendrecv": Coll.SEND_RECV,
     "barrier": Coll.BARRIER, "gather": Coll.GATHER, "scatter": Coll.SCATTER,
 }
-_NOISE_RE = re.compile(r"_|base|coalesced|intotensor|tensor|single|\d+$")
+_NOISE_RE = re.compile(r"_|base|coalesced|into|tensor|single|\d+$")
 
 
 def coll_from_arg(value: object) -> Coll:

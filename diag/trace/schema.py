@@ -32,6 +32,7 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     seq: Any = msgspec.field(default=None, name="Seq")
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_type: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")  # c10d::send/recv_: the peer
     name: Any = None  # metadata events: process_name / thread_name
     labels: Any = None  # metadata events: process_labels ("CPU", "GPU 0")
 

@@ -72,6 +72,7 @@ class CommTable:
     out_nelems: np.ndarray     # int64, -1 unknown
     dtype_bytes: np.ndarray    # int8, 0 unknown
     seq: np.ndarray            # int64, -1 unknown
+    peer: Optional[np.ndarray] = None   # int32, a send/recv's peer within its group, -1 unknown
 
     def __len__(self) -> int:
         return int(self.row.shape[0])
@@ -94,6 +95,7 @@ class RankTrace:
     thread_names: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)   # phase/problem -> count
     meta: dict[str, Any] = field(default_factory=dict)
+    gemms: dict = field(default_factory=dict)     # (GEMM op, input dims) -> count (trace.gemms)
 
     @property
     def has_gpu(self) -> bool:

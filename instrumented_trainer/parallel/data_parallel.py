@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diag.topology import Axis
+from diag.layout import Axis
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diag.topology import Axis
+from diag.layout import Axis
 
 
 def full_init(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:

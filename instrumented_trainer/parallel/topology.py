@@ -1,6 +1,6 @@
 """torch.distributed process groups for the TP, PP and DP axes, derived from one RankGrid.
 
-`diag.topology.RankGrid` says which ranks form each group; this module turns that into process
+`diag.layout.RankGrid` says which ranks form each group; this module turns that into process
 groups and gives the rest of the trainer one object to communicate through, by axis name, so no
 layer or schedule ever handles a raw group or bypasses the instrumented `CommLog`.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from diag.topology import Axis, Coords, RankGrid
+from diag.layout import Axis, Coords, RankGrid
 from instrumented_trainer.telemetry.comm import CommLog
 
 

@@ -15,7 +15,7 @@ import shlex
 
 import torch
 
-from diag.topology import RANK_ORDER
+from diag.layout import RANK_ORDER
 
 from .safe import guard
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from diag.topology import Axis, RankGrid
+from diag.layout import Axis, RankGrid
 
 
 def test_megatron_rank_order():
@@ -56,7 +56,7 @@ def test_from_world_refuses_indivisible():
 
 
 def test_importable_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; import diag.topology as t; "
+    code = ("import sys; sys.modules['torch'] = None; import diag.layout as t; "
             "print(t.RankGrid(2, 1, 2).coords(3))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -1,0 +1,143 @@
+"""One way in: a run is opened with everything known about it, the same way by every command.
+
+`diag analyze`, `recommend`, `compare`, `export` and the dashboard all take the same inputs
+(the path, the layout's sizes, a framework config file, the model and batch shape, the link and
+device peaks, a `diag bench` curve) through `run_options`, and open the run with `open_run`, so
+a flag that works on one works on all and a run is diagnosed (and advised) once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import click
+
+# Megatron-LM's names for the sizes of the layout (layoutfind.SIZE_KEYS), the short ones beside them.
+SIZE_FLAGS = (("tp", "--tensor-model-parallel-size", "TP size"),
+              ("pp", "--pipeline-model-parallel-size", "PP size"),
+              ("cp", "--context-parallel-size", "context-parallel size"),
+              ("ep", "--expert-model-parallel-size", "expert-parallel size"),
+              ("dp_shard", "--data-parallel-shard-size", "sharded data-parallel (FSDP / ZeRO-3) size"))
+# Run facts in Megatron-LM's names: for tokens/s, MFU and the ideal bubble.
+SHAPE_FLAGS = (("global_batch_size", "Sequences per step (for tokens/s, MFU)."),
+               ("micro_batch_size", "Sequences per micro-batch."),
+               ("seq_length", "Tokens per sequence."),
+               ("num_layers", "Transformer layers (for model FLOPs)."),
+               ("hidden_size", "Hidden size (for model FLOPs)."),
+               ("ffn_hidden_size", "MLP hidden size (default 4 x hidden)."),
+               ("num_attention_heads", "Attention heads."),
+               ("num_query_groups", "Key/value heads (grouped-query attention)."),
+               ("vocab_size", "Vocabulary size (for model FLOPs)."),
+               ("num_micro_batches", "Micro-batches per step (for the ideal bubble)."),
+               ("virtual_pipeline_stages", "Model chunks per pipeline rank (interleaved schedules)."))
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What the user says about a run, beside its traces."""
+
+    sizes: dict = field(default_factory=dict)      # tp, pp, cp, ep, dp_shard
+    shape: dict = field(default_factory=dict)      # SHAPE_FLAGS names, swiglu, pipeline_schedule
+    config: Optional[str] = None                   # a Megatron-LM arguments file or a torchtitan TOML
+    iteration: Optional[int] = None                # torchtitan's profile_traces/iteration_N to take
+    strict: bool = False
+    top: int = 10
+    use_summaries: bool = True
+    link_gbps: Optional[float] = None
+    peak_tflops: Optional[float] = None
+    bench: Optional[str] = None
+
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: Optional[str]) -> "RunInputs":
+        """RunInputs from to_json's text (how `diag dashboard` hands its flags to the app)."""
+        if not text:
+            return cls()
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+
+
+BENCH_NEXT_TO_TRACES = "diag_bench.json"
+
+
+def _bench_for(path: str, given: Optional[str]):
+    """The busbw curve given with --bench, or the diag_bench.json found next to the traces."""
+    from .analysis.benchcurve import load_bench
+
+    if given:
+        return load_bench(given)
+    beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)),
+                          BENCH_NEXT_TO_TRACES)
+    return load_bench(beside) if os.path.isfile(beside) else None
+
+
+def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
+    """The Diagnosis of the run at `path` (recommendations included). Raises TraceError (a file
+    and its problem) or ValueError (inputs that contradict each other or the traces)."""
+    from .analysis import diagnose
+    from .analysis.collect import load_summaries
+
+    job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
+                         use_summaries=inputs.use_summaries, iteration=inputs.iteration)
+    config = None
+    if inputs.config:                      # after the traces: "the rest of the ranks" needs the world size
+        from .runconfig import load_config
+        config = load_config(inputs.config, world_size=job.world_size)
+    return diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
+                    shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+
+
+def run_options(f):
+    """The click options of RunInputs, handed to the command as one `inputs` argument."""
+    opts = [
+        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
+                     help="The job's Megatron-LM arguments (command line, script or JSON dump) or torchtitan "
+                          "TOML: layout, batch and model shape."),
+        click.option("--iteration", type=click.IntRange(0), default=None,
+                     help="Which profile_traces/iteration_N folder to analyse (default: the latest)."),
+        click.option("--strict", is_flag=True, help="Fail on the first unreadable rank file instead of reporting it."),
+        click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000), help="Kernels to list per rank."),
+        click.option("--no-summaries", is_flag=True,
+                     help="Analyse every trace even where `diag summarize` left a summary (*.diagsum) of it."),
+        click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Link peak in GB/s for busbw efficiency (default: the device's NVLink/PCIe table)."),
+        click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Peak dense TFLOP/s per device for MFU (default: diag_run.json or the device table)."),
+        click.option("--bench", "bench_path", type=click.Path(dir_okay=False), default=None,
+                     help="A `diag bench` result to set each collective against (default: diag_bench.json "
+                          "next to the traces)."),
+        click.option("--swiglu/--no-swiglu", default=None, help="The MLP is SwiGLU (three matrices)."),
+        click.option("--pipeline-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv",
+                                                               "dualpipev"]), default=None,
+                     help="The pipeline schedule (default: read from the trace where it shows it)."),
+    ]
+    for key, long, what in SIZE_FLAGS:
+        short = "--" + key.replace("_", "-")
+        opts.append(click.option(short, long, key, type=click.IntRange(1), default=None,
+                                 help=f"{what} (default: the traces' process-group names, --config or diag_run.json)."))
+    for key, what in SHAPE_FLAGS:
+        opts.append(click.option("--" + key.replace("_", "-"), key, type=click.IntRange(1), default=None, help=what))
+
+    @functools.wraps(f)
+    def wrapper(*args, **kw):
+        sizes = {k: kw.pop(k) for k, _, _ in SIZE_FLAGS}
+        shape = {k: kw.pop(k) for k, _ in SHAPE_FLAGS}
+        shape["swiglu"], shape["pipeline_schedule"] = kw.pop("swiglu"), kw.pop("pipeline_schedule")
+        kw["inputs"] = RunInputs(
+            sizes={k: v for k, v in sizes.items() if v is not None},
+            shape={k: v for k, v in shape.items() if v is not None},
+            config=kw.pop("config"), iteration=kw.pop("iteration"), strict=kw.pop("strict"), top=kw.pop("top"),
+            use_summaries=not kw.pop("no_summaries"), link_gbps=kw.pop("link_gbps"),
+            peak_tflops=kw.pop("peak_tflops"), bench=kw.pop("bench_path"))
+        return f(*args, **kw)
+
+    for o in reversed(opts):
+        wrapper = o(wrapper)
+    return wrapper
