@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, analysis, comparable
+from conftest import ROOT, analysis, comparable, spread, timing_verdict
 from diag.analysis import diagnose
 from diag.trace import load_job
 
@@ -48,13 +48,20 @@ def bubble(path: str) -> tuple[float, float]:
     return float(np.mean(fractions)), d.pipeline.ideal_fraction
 
 
+def _noise(path: str) -> float:
+    """Spread of the run's own unprofiled step times: what other work on the machine did to it."""
+    steps = [json.loads(x)["step_seconds"] for x in open(os.path.join(path, "steps.jsonl")).read().split()]
+    return spread(steps[1:])
+
+
 def test_bubble_follows_the_ideal_as_m_changes(runs):
     b2, ideal2 = bubble(runs[2])
     b8, ideal8 = bubble(runs[8])
-    assert ideal2 == pytest.approx(1 / 3) and ideal8 == pytest.approx(1 / 9)
-    assert b2 > b8 * 1.3, (b2, b8)               # more micro-batches, smaller bubble
-    assert abs(b2 - ideal2) <= TOL, (b2, ideal2)
-    assert abs(b8 - ideal8) <= TOL, (b8, ideal8)
+    assert ideal2 == pytest.approx(1 / 3) and ideal8 == pytest.approx(1 / 9)     # exact
+    noise = max(_noise(runs[2]), _noise(runs[8]))
+    timing_verdict(b2 > b8 * 1.3, noise, 0.10, f"bubble at m=2 {b2:.3f} not above m=8's {b8:.3f} x 1.3")
+    timing_verdict(abs(b2 - ideal2) <= TOL, noise, 0.10, f"m=2 bubble {b2:.3f} vs ideal {ideal2:.3f}")
+    timing_verdict(abs(b8 - ideal8) <= TOL, noise, 0.10, f"m=8 bubble {b8:.3f} vs ideal {ideal8:.3f}")
 
 
 def test_throughput_agrees_with_the_trainers_step_log(runs):

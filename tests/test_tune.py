@@ -8,13 +8,19 @@ steps: the step time training really gets (the profiled steps, slowed by the pro
 reported too; see docs/recommendations.md). On a quiet machine: predicted -28.5%, measured
 -25.3% (error 13%); the profiled steps said -19.1%.
 Required: the measured step time improves, and the predicted change is within 25% of the
-measured one. Timings on a shared machine are noisy; the numbers observed are in the report.
+measured one. Timings on a shared machine are noisy: when either fails while the unchanged
+run's own steps spread by more than 10% (interquartile range over median), or two runs of one
+configuration differ by more than 10% (both measured in this run), the result is reported
+inconclusive with that noise instead of failing.
 """
+import glob
+import statistics
 import sys
 
 from click.testing import CliRunner
 
-from diag.advise.tune import tune
+from conftest import spread, timing_verdict
+from diag.advise.tune import measured_steps, tune
 from diag.cli import main
 
 POOR = ("python -m instrumented_trainer --nproc 2 --pipeline-model-parallel-size 2 --num-layers 4 "
@@ -23,14 +29,27 @@ POOR = ("python -m instrumented_trainer --nproc 2 --pipeline-model-parallel-size
         "--profile-wait 1 --profile-warmup 1 --profile-active 4 --no-metrics")
 
 
+def _noise(r) -> float:
+    """Within-run spread of r's unprofiled steps, or the drift between its repeats, the larger."""
+    runs = [r.out] + sorted(glob.glob(r.out + "-[0-9]*"))
+    steps = [measured_steps(out, r.diagnosis.run or {}) for out in runs]
+    medians = [statistics.median(x) for x in steps if x]
+    drift = max(medians) / min(medians) - 1 if medians else float("inf")
+    return max([drift] + [spread(x) for x in steps if x])
+
+
 def test_closed_loop_improves_and_prediction_holds(tmp_path):
     res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2)
     assert res.applied is not None and res.applied.rule == "bubble", res.message
     assert res.applied.flags["--micro-batch-size"] in ("1", "2", "4")
     assert res.before.runs == 2 and res.after.runs == 2 and res.after.steps >= 4
-    assert res.measured_change < 0, f"measured {res.measured_change:+.1%}: the change did not help"
-    assert res.error <= 0.25, (f"predicted {res.predicted_change:+.1%} vs measured {res.measured_change:+.1%} "
-                               f"(profiled steps {res.trace_change:+.1%})")
+    # the mechanics above are exact; the size of the change is a timing, judged against the noise
+    # measured now: the spread of each run's own steps, and how far two runs of one configuration
+    # (made alternately) drift apart
+    noise = max(_noise(res.before), _noise(res.after))
+    timing_verdict(res.measured_change < 0, noise, 0.10, f"measured {res.measured_change:+.1%}: the change did not help")
+    timing_verdict(res.error <= 0.25, noise, 0.10, f"predicted {res.predicted_change:+.1%} vs measured "
+                   f"{res.measured_change:+.1%} (profiled steps {res.trace_change:+.1%})")
 
 
 def test_cli_tune_refuses_bad_input(tmp_path):

@@ -14,6 +14,8 @@ import urllib.request
 
 import pytest
 
+from conftest import timing_verdict
+
 from instrumented_trainer.telemetry.prometheus import (LiveStats, TrainerCollector,
                                                        exporter_port)
 
@@ -141,4 +143,6 @@ def test_concurrent_scrapes_do_not_slow_training(tmp_path):
         assert len(counts) == 2 and min(counts.values()) >= 40, counts
     ratio = statistics.median(loaded) / statistics.median(quiet)
     print(f"\n{iters} steps a run; median step: quiet {quiet} loaded {loaded} ratio {ratio:.3f}")
-    assert ratio < 1.25
+    # the two unscraped runs differ only by the machine's other work: that is the noise
+    noise = max(quiet) / min(quiet) - 1
+    timing_verdict(ratio < 1.25, noise, 0.10, f"scraped runs {ratio:.2f}x the unscraped ones' step time")
