@@ -113,7 +113,8 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     notes += grid.notes + _shape_from_trace(summaries, meta, grid)
     if grid.layout is not None:          # the layout as found is a fact of the run, whoever said it
         for axis in ("tp", "pp", "cp", "ep", "dp_shard"):
-            meta[axis] = grid.layout.size(axis)
+            if axis in grid.layout.axes or meta.get(axis) is None:   # ep is carved out of dp, not a dim
+                meta[axis] = grid.layout.size(axis)
         meta["dp"] = grid.layout.size("dp") * grid.layout.size("dp_shard")   # all data-parallel ways
         meta.setdefault("world_size", grid.layout.world_size)
     ranks = [s.result for s in summaries]
