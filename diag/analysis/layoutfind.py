@@ -21,17 +21,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..layout import AXES, FLATTENED, UNKNOWN, Layout, axis_index, axis_of_desc
+from ..trace.commtable import group_key      # one canonical key for a group's member ranks: "0,2"
 
 BASE_AXES = tuple(a for a in AXES if a not in FLATTENED)
 SIZE_KEYS = ("tp", "pp", "cp", "ep", "dp_shard")      # what flags, config files and diag_run.json give
-
-
-def group_key(ranks) -> Optional[str]:
-    try:
-        members = sorted({int(r) for r in ranks})
-    except (TypeError, ValueError):
-        return None
-    return ",".join(map(str, members)) if members else None
 
 
 def compact_pg_config(pg_config: list) -> list[list]:
@@ -41,7 +34,7 @@ def compact_pg_config(pg_config: list) -> list[list]:
     for pg in pg_config if isinstance(pg_config, list) else []:
         if not isinstance(pg, dict) or not isinstance(pg.get("ranks"), list):
             continue
-        ranks = [r for r in pg["ranks"] if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < 1 << 24]
+        ranks = sorted({r for r in pg["ranks"] if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < 1 << 24})
         if ranks:
             out.append([str(pg.get("pg_name")), str(pg.get("pg_desc") or ""), ranks])
     return out
