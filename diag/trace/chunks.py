@@ -181,7 +181,7 @@ def chunk_columns(chunk: list) -> ChunkCols:
                        for col in ("stream", "device", "correlation", "external_id")})
     is_comm = comm[need]
     out.comm_args = {int(r): a for r, a, c in zip(need.tolist(), args, is_comm.tolist()) if c}
-    out.gemms = gemm_shapes(evs, name_ids, sym.names)
+    out.gemms = gemm_shapes(evs, name_ids, sym.names, out.skipped)
     return out
 
 
