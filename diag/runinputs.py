@@ -81,6 +81,11 @@ def _bench_for(path: str, given: Optional[str]):
 def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
     """The Diagnosis of the run at `path` (recommendations included). Raises TraceError (a file
     and its problem) or ValueError (inputs that contradict each other or the traces)."""
+    from .trace import prefetch
+    from .trace.discover import SUMMARY_SUFFIX
+
+    if not (inputs.use_summaries and os.path.exists(path + SUMMARY_SUFFIX)):   # else its summary is read
+        prefetch.start(path)               # read (and inflate) a trace file while the analysis imports
     from .analysis import diagnose
     from .analysis.collect import load_summaries
 
