@@ -123,20 +123,25 @@ class _Fields:
 
 
 def _timed(chunk: list, out: ChunkCols, typed: bool) -> list:
-    """The complete ('X') events; metadata kept aside; other phases counted."""
-    phs = list(map(_PH, chunk)) if typed else as_keys(list(map(_PH, chunk)))
-    phases = Counter(phs)                      # counted in C
+    """The complete ('X') events; metadata kept aside; other phases counted. TypedEvents carry
+    their phase as their type (schema.PHASE_OF), loose Events as a field."""
+    if typed:
+        tags, x, m = list(map(type, chunk)), schema.TypedEvent, schema.MetaEvent
+        phases = Counter({schema.PHASE_OF[t]: n for t, n in Counter(tags).items()})
+    else:
+        tags, x, m = as_keys(list(map(_PH, chunk))), "X", "M"
+        phases = Counter(tags)                 # counted in C
     unreadable = getattr(chunk, "unreadable", 0)
     if unreadable:
         out.skipped[UNREADABLE] = unreadable
     if phases.get("M"):
-        out.meta.extend(compress(chunk, map(eq, phs, repeat("M"))))
+        out.meta.extend(compress(chunk, map(eq, tags, repeat(m))))
     for ph, n in phases.items():
         if ph not in ("X", "M") and ph not in _LINK_PHASES:
             out.skipped[f"events of phase {ph!r} (not analysed)"] = n
-    if phases.get("X", 0) == len(phs):
+    if phases.get("X", 0) == len(tags):
         return chunk
-    return list(compress(chunk, map(eq, phs, repeat("X"))))
+    return list(compress(chunk, map(eq, tags, repeat(x))))
 
 
 def _threads(f: _Fields) -> tuple[np.ndarray, list]:
@@ -157,7 +162,7 @@ def _threads(f: _Fields) -> tuple[np.ndarray, list]:
 
 def chunk_columns(chunk: list) -> ChunkCols:
     out = ChunkCols(names=[], threads=[], cols={}, comm_args={})
-    typed = bool(chunk) and type(chunk[0]) is schema.TypedEvent
+    typed = bool(chunk) and type(chunk[0]) in schema.PHASE_OF
     evs = _timed(chunk, out, typed)
     if not evs:
         return out
