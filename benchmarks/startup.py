@@ -6,7 +6,8 @@ PEP 578) that notes the wall clock when FILE is first opened; the parent notes t
 it forks, so the difference is interpreter start-up, site, and every import made before the
 first byte is read. Also timed: `diag --help` whole (fork to exit), and `python -c pass` (the
 interpreter alone) for scale. Each is run --rounds times; medians, with the spread, are printed.
-The modules imported by then are listed with --modules.
+The modules imported by then are listed with --modules. Children run with -P (no current
+directory on sys.path), so PYTHONPATH picks the checkout measured.
 
     python benchmarks/startup.py tests/data/a100_single_ns_resolution --rounds 9
 """
@@ -43,7 +44,7 @@ except SystemExit:
 def first_open(path: str) -> tuple[float, list[str]]:
     """Seconds from fork to the first open of a file under path, and the modules loaded by then."""
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-c", CHILD, path], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-P", "-c", CHILD, path], capture_output=True, text=True)
     for line in done.stderr.splitlines():
         if line.startswith("FIRST_OPEN "):
             stamp, modules = line.split(" ", 2)[1:]
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     modules: list[str] = []
     for _ in range(args.rounds):
         samples["python -c pass"].append(whole(py + ["-c", "pass"]))
-        samples["diag --help"].append(whole(py + ["-m", "diag", "--help"]))
+        samples["diag --help"].append(whole(py + ["-P", "-m", "diag", "--help"]))
         t, modules = first_open(os.path.abspath(args.path))
         samples["diag analyze: until first byte"].append(t)
     for k, xs in samples.items():
