@@ -81,6 +81,12 @@ def _bench_for(path: str, given: Optional[str]):
 def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
     """The Diagnosis of the run at `path` (recommendations included). Raises TraceError (a file
     and its problem) or ValueError (inputs that contradict each other or the traces)."""
+    return open_run_job(path, inputs, progress)[0]
+
+
+def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
+    """open_run's Diagnosis, and the Job it was made from: its ranks' summaries, their comms as
+    diagnosed (axes, groups, match ids), for a renderer that draws the events (report.timeline)."""
     from .analysis import diagnose
     from .analysis.collect import load_summaries
 
@@ -91,7 +97,7 @@ def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Call
         from .runconfig import load_config
         config = load_config(inputs.config, world_size=job.world_size)
     return diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
-                    shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+                    shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config), job
 
 
 def run_options(f):

@@ -51,6 +51,7 @@ class StageStep:
     step: int                          # N of ProfilerStep#N
     step_s: float
     segments: list[Segment] = field(default_factory=list)
+    start_us: Optional[float] = None   # the step's start on the rank's own trace clock (the file's ts, us)
 
     def total(self, kind: str) -> float:
         return sum(s.end_s - s.start_s for s in self.segments if s.kind == kind)
@@ -185,7 +186,8 @@ def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Op
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
     stage = grid.stage(rc.rank) if grid is not None else None
     segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
-    return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs)
+    return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs,
+                     start_us=rc.clock0_us + lo / 1000.0)
 
 
 def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[JobLayout] = None,
