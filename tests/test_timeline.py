@@ -142,8 +142,10 @@ def _matches(doc: dict) -> list[dict]:
 
 @pytest.mark.parametrize("job", JOBS[:3], ids=os.path.basename)
 def test_ends_of_matched_collectives_line_up(job, tmp_path):
-    """Each rank was set against one other (via) at the median of their ends' difference: read
-    back from the file, that median is zero, to the rounding of the file's float timestamps."""
+    """Each rank was set against one other (via) at the median of their ends' difference over the
+    collectives they met in: read back from the file (matches rebuilt from the flows), that median
+    is zero, to the rounding of the file's float timestamps. (How far single instances stray from
+    it is the job's own noise: `spread_ns`, a few us on the NCCL jobs, up to a ms on gloo under load.)"""
     doc = written(job, tmp_path)
     clock = doc["diag"]["clock"]
     assert clock["aligned"]
@@ -153,9 +155,8 @@ def test_ends_of_matched_collectives_line_up(job, tmp_path):
         if r == via:
             continue
         diffs = [m[r] - m[via] for m in matches if r in m and via in m]
-        if not diffs:        # a collective joined them in a match without a flow between the two: through the source
-            continue
-        assert abs(statistics.median(diffs)) <= TS_TOL_US + (sh["spread_ns"] or 0) / 1e3 * (len(diffs) < 3), (r, via, diffs)
+        assert len(diffs) == sh["instances"], (r, via)
+        assert abs(statistics.median(diffs)) <= TS_TOL_US, (r, via, diffs)
 
 
 def _shifted_copy(src: str, dst, rank_file: str, shift_us: float) -> None:
