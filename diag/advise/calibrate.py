@@ -20,7 +20,7 @@ import numpy as np
 
 from ..runmeta import RunFacts
 from ..analysis.bandwidth import bus_factor
-from ..analysis.results import Diagnosis
+from ..analysis.results import Diagnosis, steps_in_window
 from ..trace.kinds import Coll, dtype_bytes
 from .model import Config, Links, Workload, step_time
 
@@ -98,7 +98,7 @@ def _need(meta: RunFacts, d: Diagnosis, key: str):
 
 
 def _steps(d: Diagnosis) -> int:
-    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+    return steps_in_window(d.ranks)
 
 
 def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
@@ -111,7 +111,7 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
         stage_of = {r.rank: r.rank // (tp * dp) for r in d.ranks}
     out = []
     for s in range(pp):
-        vals = [getattr(r.breakdown, what) / max(sum(x.in_window for x in r.steps), 1)
+        vals = [getattr(r.breakdown, what) / max(r.window_steps, 1)
                 for r in d.ranks if stage_of.get(r.rank) == s]
         out.append(float(np.mean(vals)) if vals else math.nan)
     if any(math.isnan(v) for v in out):

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from ..runmeta import RunFacts
-from ..analysis.results import Diagnosis
+from ..analysis.results import Diagnosis, steps_in_window
 
 CONFIG_KEYS = ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "global_batch_size",
                "pipeline_schedule", "overlap_grad_reduce", "ddp_bucket_size", "dtype")
@@ -45,7 +45,7 @@ class Comparison:
 
 
 def _steps(d: Diagnosis) -> int:
-    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+    return steps_in_window(d.ranks)
 
 
 def _mean_per_step(d: Diagnosis, attr: str) -> Optional[float]:

@@ -212,7 +212,7 @@ def bf16(ctx: Context) -> list[Recommendation]:
     if total <= 0 or fp32 / total < FP32_MIN:
         return []
     r = on_gpu[0]
-    steps = max(sum(s.in_window for s in r.steps), 1)
+    steps = max(r.window_steps, 1)
     saved = 0.5 * (fp32 / total) * r.breakdown.compute_s / steps
     e = [ev(f"fp32 GEMM share of compute kernel time, rank {r.rank}", fp32 / total, FP32_MIN, "fraction",
             "Top kernels")]

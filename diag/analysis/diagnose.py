@@ -47,7 +47,7 @@ def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Option
                   device: Optional[str], link_gbps: Optional[float], bench=None,
                   unknown_axis_note: str = "", smaller_groups: bool = False) -> CommAnalysis:
     matched, inferred = match(comms, world, smaller_groups)
-    steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
+    steps = max((r.window_steps for r in ranks), default=0)
     ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps, bench),
                       axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
     ca.stragglers = collective_stragglers(comms, matched, steps, rank_hosts(ranks)) + step_stragglers(ranks)

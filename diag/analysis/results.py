@@ -80,6 +80,16 @@ class RankResult:
     excluded_events: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def window_steps(self) -> int:
+        """Steps of this rank inside the analysed window (the last step is left out, as HTA does)."""
+        return sum(s.in_window for s in self.steps)
+
+
+def steps_in_window(ranks: list[RankResult]) -> int:
+    """The job's steps in the analysed window, at least 1: what every per-step figure divides by."""
+    return max((r.window_steps for r in ranks), default=0) or 1
+
 
 @dataclass
 class Problem:

@@ -53,7 +53,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> RunFacts:
         overlap_grad_reduce=job.parallel.overlap_grad_reduce,
         ddp_bucket_size=job.parallel.ddp_bucket_size,
         train_iters=t.train_iters, lr=t.lr, seed=t.seed,
-        torch_version=torch.__version__, backend=backend, backend_version=backend_version(backend),
+        torch_version=str(torch.__version__), backend=backend, backend_version=backend_version(backend),
         command=shlex.join(job.command),
         profile=Profile(enabled=tel.profile, wait=tel.profile_wait, warmup=tel.profile_warmup,
                         active=tel.profile_active))
