@@ -91,37 +91,46 @@ def _new_id(old, rank: int, stride: int):
     return f"r{rank}:{old}"
 
 
+def _moved(e: dict, rank: int, shift_us: float, stride: int, copied: Copied) -> bool:
+    """Move one (non-metadata) event onto the rank's process and the shared axis, in place;
+    False when it has no numeric timestamp to move."""
+    ts = e.get("ts")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        return False
+    key = (e.get("pid"), e.get("tid"))
+    if not (isinstance(key[0], (int, str)) and isinstance(key[1], (int, str))):
+        key = (None, None)
+    e["pid"], e["tid"], e["ts"] = rank, copied.threads.setdefault(key, len(copied.threads) + 1), ts + shift_us
+    if "id" in e and e.get("ph") in _IDS:
+        e["id"] = _new_id(e["id"], rank, stride)
+    if e.get("ph") == "X" and not (isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0):
+        e["dur"] = 0                      # as the analysis counts it (trace.build)
+    return True
+
+
 def copy_rank(path: str, rank: int, shift_us: float, stride: int, write: Callable[[bytes], None],
               flows_at: Callable[[float, dict], list[dict]]) -> tuple[Copied, list[dict]]:
     """Write rank `rank`'s events from `path`; (what was done, its metadata events for naming).
-    flows_at(ts in the file, event as written): the flow events to write beside it (none for most)."""
+    flows_at(ts in the file, event as written): the flow events to write beside it (none for most).
+    Each chunk is encoded in one call: per-event encoding and writing cost as much as the rest."""
     doc = decode_trace(path, read_bytes(path))
     copied, meta = Copied(), []
     for chunk in _dict_chunks(path, doc.traceEvents):
+        out = []
         for e in chunk:
-            if not isinstance(e, dict):
-                copied.dropped += 1
-                continue
             if e.get("ph") == "M":
                 if e.get("name") in _NAMING:
                     meta.append(e)
                 continue
             ts = e.get("ts")
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            if not _moved(e, rank, shift_us, stride, copied):
                 copied.dropped += 1
                 continue
-            key = (e.get("pid"), e.get("tid"))
-            tid = copied.threads.setdefault(key if isinstance(key[0], (int, str)) and isinstance(key[1], (int, str))
-                                            else (None, None), len(copied.threads) + 1)
-            e["pid"], e["tid"], e["ts"] = rank, tid, ts + shift_us
-            if "id" in e and e.get("ph") in _IDS:
-                e["id"] = _new_id(e["id"], rank, stride)
-            if e.get("ph") == "X" and not (isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0):
-                e["dur"] = 0                      # as the analysis counts it (trace.build)
-            write(_encode.encode(e))
+            out.append(e)
             copied.events += 1
             links = flows_at(ts, e)
-            for f in links:
-                write(_encode.encode(f))
+            out += links
             copied.flows_placed += bool(links)
+        if out:
+            write(_encode.encode(out)[1:-1])
     return copied, meta
