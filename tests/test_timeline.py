@@ -115,6 +115,7 @@ def test_flows_pair_one_collective_across_ranks(job, tmp_path):
     at = slices(doc)
     got = flows(doc)
     assert got, "matched collectives are linked"
+    assert all(v["collectives_not_found"] == 0 for v in doc["diag"]["ranks"].values())
     for fid, evs in got.items():
         assert sorted(e["ph"] for e in evs) == ["f", "s"], evs
         s, f = sorted(evs, key=lambda e: e["ph"], reverse=True)

@@ -41,6 +41,8 @@ class Written:
     path: str
     ranks: dict = field(default_factory=dict)       # rank -> timeline_events.Copied
     offsets_ns: dict = field(default_factory=dict)  # rank -> offset applied (0 where not aligned)
+    not_found: dict = field(default_factory=dict)   # rank -> matched instances no event of its file matched:
+                                                    # their flows have one end only (none on real traces so far)
     aligned: bool = False
     marks: int = 0
     note: str = ""
@@ -184,10 +186,11 @@ def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str
                                          _flows_at(r, comms_of[r].clock0_us, plan.get(r, {})))
                 for e in thread_metadata(r, copied, meta):
                     write(json.dumps(e).encode())
-                w.ranks[r] = copied
+                w.ranks[r], w.not_found[r] = copied, len(plan.get(r, {}))   # the plan's entries are popped when found
                 if progress:
+                    missed = f" ({w.not_found[r]} not found in the file)" if w.not_found[r] else ""
                     progress(f"timeline: rank {r} ({k + 1}/{len(ranks)}): {copied.events:,} events, "
-                             f"{copied.flows_placed:,} collectives linked")
+                             f"{copied.flows_placed:,} collectives linked{missed}")
             f.write(b"\n],\n" + json.dumps({"diag": _metadata(d, w, marks, traces)}).encode()[1:] + b"\n")
         umask = os.umask(0)
         os.umask(umask)
@@ -206,6 +209,7 @@ def _metadata(d: Diagnosis, w: Written, marks, traces: dict) -> dict:
                       **({"reference": clock.reference, "basis": clock.basis,
                           "shifts": [asdict(s) for s in clock.shifts]} if clock else {})},
             "ranks": {str(r): {"file": os.path.basename(traces[r]), "events": c.events, "dropped": c.dropped,
-                               "collectives_linked": c.flows_placed} for r, c in w.ranks.items()},
+                               "collectives_linked": c.flows_placed, "collectives_not_found": w.not_found[r]}
+                      for r, c in w.ranks.items()},
             "marks": {"count": w.marks, "left_out": marks.left_out},
             "problems": [asdict(p) for p in d.problems]}
