@@ -65,8 +65,10 @@ def main(argv=None) -> int:
           f"{'analyze RSS':>11} {'+timeline RSS':>13}")
     for k, size, tl, (w0, m0), (w1, m1) in rows:
         print(f"{k:>6} {size:>10.1f} {tl:>12.1f} {w0:>9.2f} {w1:>11.2f} {m0:>9.0f}Mi {m1:>11.0f}Mi")
-    (k0, s0, _, _, (w0, m0)), (k1, s1, _, _, (w1, m1)) = rows
-    print(f"traces x{s1 / s0:.1f}: --timeline wall x{w1 / w0:.2f}, peak RSS x{m1 / m0:.2f}")
+    (_, s0, _, (p0, r0), (w0, m0)), (_, s1, _, (p1, r1), (w1, m1)) = rows
+    print(f"traces x{s1 / s0:.1f}: peak RSS x{m1 / m0:.2f} with --timeline (x{r1 / r0:.2f} without); "
+          f"the timeline's own time {s0 / max(w0 - p0, 1e-9):.1f} and {s1 / max(w1 - p1, 1e-9):.1f} MiB of "
+          "traces per second (a shared machine's timings are noisy: compare the two runs' ratios only)")
     return 0
 
 
