@@ -9,6 +9,7 @@ the shift, the finding marks set against the slow rank the workload was told to 
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 from collections import Counter, defaultdict
@@ -27,6 +28,7 @@ FLOW_CAT = "diag.collective"
 # Output ts are float us; traces stamped in epoch us (~1.7e15) keep 0.25 us in a float64, and the
 # offsets are whole ns: two rounding steps of at most 0.25 us each, then 1 us of margin.
 TS_TOL_US = 1.5
+COMM_NAME = re.compile(r"gloo|nccl|c10d|wait|send|recv|all_?reduce|broadcast|gather|scatter|all_?to_?all", re.I)
 
 
 def timeline(path, out, *flags):
@@ -275,7 +277,19 @@ def test_exposed_communication_marked_where_it_is_largest(tmp_path):
     doc = written(job, tmp_path)
     marks = [e for t, e in _marks(doc, "exposed communication") if t.endswith(f"rank {top['rank']}")]
     assert marks
+    # the marks are the union of the rank's exposed stretches; exposed_s sums them per instance
     assert sum(m["dur"] for m in marks) * 1e-6 <= top["exposed_s"] * 1.001 + 1e-6
+    # each lies where the rank's own events say it communicates (gloo transfers, c10d ops, waits on them)
+    comm = sorted((e["ts"], e["ts"] + e["dur"]) for e in doc["traceEvents"]
+                  if e["pid"] == top["rank"] and e["ph"] == "X" and COMM_NAME.search(e["name"]))
+    union = []
+    for a, b in comm:
+        if union and a <= union[-1][1] + TS_TOL_US:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    for m in marks:
+        assert any(a - TS_TOL_US <= m["ts"] and m["ts"] + m["dur"] <= b + TS_TOL_US for a, b in union), m
 
 
 def test_hta_reads_the_timeline(tmp_path):
