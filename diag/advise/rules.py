@@ -77,7 +77,8 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
                         "price of v times more pipeline messages",
                     assumptions=["estimated as the measured bubble halved, not simulated (the model has no "
-                                 "interleaved schedule); extra p2p messages not priced"], runnable=False)
+                                 "interleaved schedule); extra p2p messages not priced"], runnable=False,
+                    memory={"schedule": "interleaved", "virtual_stages": 2})
 
 
 def dp_overlap(ctx: Context) -> list[Recommendation]:
@@ -120,7 +121,7 @@ def tp_layout(ctx: Context) -> list[Recommendation]:
                     f"TP {c.tp} x PP {c.pp} x DP {c.dp}", slowdown={},
                     why="TP all-reduces sit on the critical path of every layer; fewer TP ranks send fewer, and PP "
                         "or DP traffic is smaller or hidden",
-                    assumptions=["stages assumed balanced in the new layout", "memory per GPU grows: check it fits"])
+                    assumptions=["stages assumed balanced in the new layout"])
 
 
 def micro_batch(ctx: Context) -> list[Recommendation]:
@@ -149,7 +150,7 @@ def micro_batch(ctx: Context) -> list[Recommendation]:
                     f"{c.micro_batch_size} (same global batch)",
                     why="per-kernel launch and host overhead is paid per micro-batch; larger ones amortise it "
                         "(the model also prices the bigger pipeline bubble of fewer micro-batches)",
-                    assumptions=["memory per GPU grows with the micro-batch: check it fits"])
+                    assumptions=[])
 
 
 def _double_micro_batch(ctx: Context, f, e: list) -> list[Recommendation]:
