@@ -31,6 +31,8 @@ HALF = re.compile(r"bf16|f16|fp16|h\d+gemm|hgemm|tf32", re.I)
 
 
 DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plateau busbw
+# The instrumented trainer runs the interleaved schedule (--num-layers-per-virtual-pipeline-stage).
+INTERLEAVED_RUNNABLE = False
 GRAD_BYTES = 4               # the trainer keeps fp32 gradients (calibrate.py assumes the same)
 
 
@@ -65,20 +67,21 @@ def bubble(ctx: Context) -> list[Recommendation]:
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
-    """Interleaved virtual stages: the bubble divided by v (Megatron-LM; the trainer has no such schedule)."""
-    c, p = ctx.cal.config, ctx.d.pipeline
+    """Interleaved virtual stages (Megatron-LM's interleaved 1F1B), simulated on the model: the
+    bubble shrinks to (p-1)/(v·m) of ideal compute, the pipeline sends grow v-fold."""
+    c = ctx.cal.config
     per_stage = ctx.cal.workload.num_layers // c.pp
     if c.schedule != "1f1b" or per_stage < 2 or c.num_micro_batches % c.pp:
         return []
-    bubble_s = max(s.bubble_s or 0.0 for s in p.stages)      # None: a stage's bubble is unknown
-    after = ctx.step_s - bubble_s * (1 - 1 / 2)
-    return ctx.make("bubble", f"interleaved 1F1B with 2 virtual stages per rank ({per_stage // 2} layers each)", e,
-                    {"--num-layers-per-virtual-pipeline-stage": str(per_stage // 2)}, after, confidence="low",
+    cands = [(replace(c, schedule="interleaved", virtual_stages=v), None,
+              {"--num-layers-per-virtual-pipeline-stage": str(per_stage // v)})
+             for v in _divisors(per_stage)[1:]]
+    return ctx.best("interleave", cands, e, lambda k: f"interleaved 1F1B with {k.virtual_stages} virtual stages "
+                    f"per rank ({per_stage // k.virtual_stages} layer{'s' * (per_stage // k.virtual_stages > 1)} each)", prefer=lambda k: k.virtual_stages,
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
-                        "price of v times more pipeline messages",
-                    assumptions=["estimated as the measured bubble halved, not simulated (the model has no "
-                                 "interleaved schedule); extra p2p messages not priced"], runnable=False,
-                    memory={"schedule": "interleaved", "virtual_stages": 2})
+                        "price of v times more pipeline messages, which the model prices on the measured PP link",
+                    assumptions=["the fewest virtual stages within 80% of the best predicted gain are proposed"],
+                    runnable=INTERLEAVED_RUNNABLE)
 
 
 def dp_overlap(ctx: Context) -> list[Recommendation]:
