@@ -115,8 +115,8 @@ def test_every_recommendation_states_its_peak_and_the_device(tmp_path):
 def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
     """TP 1 on the GPUs of TP 2 x DP 1 is TP 1 x DP 2 (m halves to 1): 62.4 GiB unsharded. On 48 GiB
     devices ZeRO-1 (optimizer / 2) is not enough, ZeRO-2 (gradients too) is: it is proposed with
-    ZeRO-2 and its flag. On 24 GiB the activations alone (28.5 GiB) do not fit: dropped, and said.
-    On 64 GiB it fits as it is."""
+    ZeRO-2 and its flag. On 24 GiB only ZeRO-3 with full recompute fits (the step re-priced with
+    one more forward); on 8 GiB nothing does: dropped, and said. On 64 GiB it fits as it is."""
     job = _synth(tmp_path)
     h, f, V = 4096, 16384, 50304
     n1 = 8 * (4 * h * h + 2 * h * f) + 2 * V * h
@@ -128,7 +128,13 @@ def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
     assert rec.title.endswith("TP 1 x PP 1 x DP 2 instead of TP 2 x PP 1 x DP 1, with ZeRO-2 to fit")
     assert rec.flags["--data-parallel-sharding-strategy"] == "optim_grads"
     assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * (6 + 2), rel=1e-9)
-    small = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 24 << 30}))
+    tight = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 24 << 30}))
+    (full,) = [r for r in tight.recommendations if r.rule == "tp_layout"]
+    assert full.title.endswith("with ZeRO-3 and full recompute to fit")     # 18/2 B per parameter + 2 s b h
+    assert full.memory_after_bytes == pytest.approx(n1 * 9 + 8 * 2 * 2048 * 4 * 4096, rel=1e-9)
+    assert full.flags["--recompute-granularity"] == "full"
+    assert full.step_s_after > rec.step_s_after                 # the extra forward is priced
+    small = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 8 << 30}))
     assert not [r for r in small.recommendations if r.rule == "tp_layout"]
     assert any(n.startswith("dropped, does not fit: TP 1") for n in small.advice_basis.calibration)
     roomy = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 64 << 30}))

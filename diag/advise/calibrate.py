@@ -166,7 +166,8 @@ def calibrate(d: Diagnosis) -> Calibration:
     per_stage_halves = m * HALVES * layers // pp
     launch = float(np.median(idle)) / per_stage_halves
     mean_c = float(np.mean(compute))
-    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO))
+    recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
+    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO + (recompute == "full")))
     slowdown = {s: c / mean_c for s, c in enumerate(compute)} if pp > 1 else {}
     notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1, from {mean_c * 1e3:.3g} ms "
                  f"compute per stage per step (optimizer, embedding and loss folded in)")
@@ -178,7 +179,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     grad = _grad_bytes(d, meta, tp * pp, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch)
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),

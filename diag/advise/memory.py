@@ -179,12 +179,54 @@ class MemoryModel:
         return model
 
     def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:
-        """lay as it is if it fits, else with the least ZeRO stage that makes it fit; None if none does."""
-        for zero in range(lay.zero, 4):
-            cand = replace(lay, zero=zero)
+        """lay as it is if it fits, else with the cheapest levers that make it fit (FITTING_LEVERS,
+        taken cumulatively, in order of what they cost in time); None if even all of them do not."""
+        for cand in fit_ladder(lay):
             if self.peak(cand).total <= capacity:
                 return cand
         return None
+
+
+def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
+    """lay, then lay with more and more memory levers, cheapest first: sequence parallelism (no
+    extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-1 and 2 (the
+    same gradient volume, reduce-scattered), selective recompute (attention only), ZeRO-3 (the
+    weights all-gathered again in forward and backward), full recompute (one more forward)."""
+    out = [lay]
+    def add(**kw):
+        cur = out[-1]
+        nxt = replace(cur, **kw)
+        if nxt != cur:
+            out.append(nxt)
+    if lay.tp > 1:
+        add(sequence_parallel=True)
+    for zero in (1, 2):
+        add(zero=max(zero, out[-1].zero))
+    if out[-1].recompute == "none":
+        add(recompute="selective")
+    add(zero=3)
+    add(recompute="full")
+    return out
+
+
+def lever_flags(before: MemoryConfig, after: MemoryConfig) -> dict:
+    """The trainer / Megatron-LM flags that take a run from `before`'s memory levers to `after`'s."""
+    flags = {}
+    if after.sequence_parallel and not before.sequence_parallel:
+        flags["--sequence-parallel"] = ""
+    if after.zero != before.zero:
+        flags.update(zero_flags(after.zero))
+    if after.recompute != before.recompute:
+        flags["--recompute-granularity"] = after.recompute
+    return flags
+
+
+def lever_words(before: MemoryConfig, after: MemoryConfig) -> str:
+    """'sequence parallelism, ZeRO-2 and selective recompute': the levers added, in words."""
+    words = (["sequence parallelism"] * (after.sequence_parallel and not before.sequence_parallel)
+             + [f"ZeRO-{after.zero}"] * (after.zero != before.zero)
+             + [f"{after.recompute} recompute"] * (after.recompute != before.recompute))
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def zero_stage(facts) -> int:

@@ -79,14 +79,17 @@ class Context:
                 self.dropped.append(f"{rec.title}: {mem.human(after.total)} per rank modelled, over the "
                                     f"{mem.human(self.capacity)} device even with ZeRO-3 ({after.arithmetic()})")
                 return False
-            over = after
+            over, words = after, mem.lever_words(after_cfg, fit)
             after = self.memory.peak(fit)
-            rec.title += f", with ZeRO-{fit.zero} to fit"
-            rec.flags.update(mem.zero_flags(fit.zero))
-            rec.memory.append(f"without ZeRO-{fit.zero}: {over.arithmetic()}: over the device's "
-                              f"{mem.human(self.capacity)}")
-            rec.assumptions.append(f"ZeRO-{fit.zero}'s extra gradient reduce-scatter / parameter all-gather "
-                                   "traffic is not priced in the step time")
+            rec.title += f", with {words} to fit"
+            rec.flags.update(mem.lever_flags(after_cfg, fit))
+            rec.memory.append(f"without {words}: {over.arithmetic()}: over the device's {mem.human(self.capacity)}")
+            if fit.zero >= 3:
+                rec.assumptions.append("ZeRO-3's parameter all-gathers in forward and backward are not priced "
+                                       "in the step time")
+            if fit.recompute == "full" and after_cfg.recompute != "full" and not self._reprice_recompute(rec, config):
+                self.dropped.append(f"{rec.title}: with full recompute it is no longer faster")
+                return False
             if rec.command:
                 rec.command = rerun_command(self.d.run.command if self.d.run else None, rec.flags, rec.rule)
         rec.memory_before_bytes, rec.memory_after_bytes = now.total, after.total
@@ -95,6 +98,16 @@ class Context:
 
     def axis(self, name: str) -> Optional[AxisOverlap]:
         return next((a for a in (self.d.comm.axes if self.d.comm else []) if a.axis == name), None)
+
+    def _reprice_recompute(self, rec: Recommendation, config: Optional[Config]) -> bool:
+        """The step with one more forward per micro-batch (full recompute); False if no longer a gain."""
+        if self.cal is None or config is None or not self.step_s:
+            rec.assumptions.append("full recompute's extra forward is not priced")
+            return True
+        rec.step_s_after = self.cal.predict(config, replace(self.cal.workload, recompute="full"))
+        tokens = self.cal.tokens_per_step
+        rec.tokens_per_s_after = tokens / rec.step_s_after if tokens else None
+        return rec.step_s_after <= self.step_s * (1 - MIN_GAIN)
 
     def make(self, rule: str, title: str, evidence: list, flags: dict, after: Optional[float],
              confidence: Optional[str] = None, config: Optional[Config] = None, memory: Optional[dict] = None,

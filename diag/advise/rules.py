@@ -84,6 +84,29 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
                     runnable=INTERLEAVED_RUNNABLE)
 
 
+def recompute_off(ctx: Context) -> list[Recommendation]:
+    """Full activation recompute on, and the memory model says the run fits without it on this
+    device -> turn it off: one forward per micro-batch less (selective recompute if only that fits)."""
+    if ctx.cal is None or ctx.cal.workload.recompute != "full" or not (ctx.memory and ctx.capacity):
+        return []
+    cfg = ctx.mem_config
+    for mode in ("none", "selective"):
+        peak = ctx.memory.peak(replace(cfg, recompute=mode)).total
+        if peak <= ctx.capacity:
+            break
+    else:
+        return []
+    e = [ev(f"modelled peak memory with {mode} recompute / device memory", peak / ctx.capacity, 1.0, "ratio",
+            "docs/memory.md")]
+    w = replace(ctx.cal.workload, recompute="none")          # the model has no selective recompute: its
+    return ctx.best("recompute", [(ctx.cal.config, w, {"--recompute-granularity": None if mode == "none" else mode})],
+                    e, lambda k: "no activation recompute" if mode == "none" else "selective instead of full recompute",
+                    why="full recompute runs every layer's forward again in backward (a third more compute) to "
+                        "save activation memory this run does not need",
+                    assumptions=[] if mode == "none" else ["selective recompute's attention recompute not priced"],
+                    memory={"recompute": mode})
+
+
 def dp_overlap(ctx: Context) -> list[Recommendation]:
     """Exposed DP gradient all-reduce -> --overlap-grad-reduce, else a different bucket size."""
     a = ctx.axis("dp")
@@ -360,4 +383,4 @@ def unpriced(ctx: Context) -> list[Recommendation]:
     return out
 
 
-RULES = (bubble, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)
+RULES = (bubble, recompute_off, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)

@@ -46,7 +46,7 @@ def rec_lines(i: int, r, md: bool = False) -> list[str]:
         lines.append(f"   evidence: {e.metric} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
                      + (f" [{e.source}]" if e.source else ""))
     if r.flags:
-        flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
+        flags = " ".join(k if v == "" else f"no {k}" if v is None else f"{k} {v}" for k, v in r.flags.items())
         lines.append(f"   flags: {q}{flags}{q}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
     if r.command:
         lines.append(f"   re-run: {q}{r.command}{q}")
