@@ -353,3 +353,11 @@ def test_big_traces_copied_chunk_by_chunk_write_the_same(tmp_path, monkeypatch):
     monkeypatch.setattr(schema, "CHUNK_BYTES", 64 << 10)
     chunked = written(job, tmp_path / "chunked")
     assert chunked["traceEvents"] == whole["traceEvents"]
+
+
+def test_gzip_timeline_when_the_name_says_so(tmp_path):
+    job = os.path.join(DATA, "dlrm_2_ranks_alltoall")
+    plain = written(job, tmp_path / "plain")
+    r = timeline(job, tmp_path / "t.json.gz")
+    assert r.exit_code == 0, r.output
+    assert raw(str(tmp_path / "t.json.gz"))["traceEvents"] == plain["traceEvents"]

@@ -17,6 +17,8 @@ chunk, not by the job.
 """
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
 import tempfile
@@ -157,6 +159,18 @@ def _header(d: Diagnosis, ranks: list[int]) -> list[dict]:
     return out
 
 
+@contextlib.contextmanager
+def _opened(fd: int, out: str):
+    """The temporary file to write, gzip-compressed when `out` ends in .gz (Perfetto and
+    chrome://tracing open both; a job's timeline is about as big as its traces)."""
+    with os.fdopen(fd, "wb", buffering=1 << 20) as raw:
+        if not out.endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as z:
+            yield z
+
+
 def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str], None]] = None) -> Written:
     """Write the job's timeline to `out` (through a new temporary file beside it, then renamed:
     a failed write leaves no half file). Raises TraceError for a rank without its trace, OSError
@@ -172,7 +186,7 @@ def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str
     w = Written(path=out, offsets_ns=offsets, aligned=aligned, marks=len(marks.events), note=note)
     fd, tmp = tempfile.mkstemp(prefix=".timeline.", suffix=".partial", dir=os.path.dirname(os.path.abspath(out)))
     try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+        with _opened(fd, out) as f:
             first = [True]
 
             def write(b: bytes) -> None:
