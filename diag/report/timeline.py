@@ -148,6 +148,11 @@ def _offsets(d: Diagnosis, ranks: list[int]) -> tuple[dict, bool, str]:
         return offsets, False, f"clocks not aligned ({why}): each rank keeps its own trace clock"
     note = f"clocks aligned on the ends of matched collectives, onto rank {clock.reference}'s: offsets " + \
         ", ".join(f"rank {r} {offsets[r] / 1e3:+,.1f} us" for r in ranks if r in got)
+    spread = [sh for sh in clock.shifts if sh.spread_ns is not None]
+    if spread:           # how far single instances stray from the median: how much to trust the shift
+        worst = max(spread, key=lambda sh: sh.spread_ns)
+        note += (f"; single collectives' ends stray from them by {worst.spread_ns / 1e3:,.1f} us (median "
+                 f"deviation) at most: rank {worst.rank} against rank {worst.via}, over {worst.instances} collectives")
     return offsets, True, note + (f"; {clock.unknown}" if clock.unknown else "")
 
 
