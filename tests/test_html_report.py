@@ -15,8 +15,10 @@ from diag.analysis import diagnose
 from diag.analysis.diagnose import job_layout, summaries_of
 from diag.analysis.gantt import rank_step
 from diag.cli import main
+from diag.report import charts
 from diag.report.html import render_html
 from diag.trace import load_job
+from kineto import TraceBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "sample_traces", "tp2_pp2_dp2")
@@ -70,3 +72,36 @@ def test_straggler_and_escaping_on_a_gpu_trace():
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     assert f"straggler: rank {d.comm.stragglers[0].rank} " in page
     assert "No pipeline parallelism known" in page
+
+
+def _many_steps(path, n: int) -> list[float]:
+    """A one-rank trace of n ProfilerSteps, step k lasting 1000 + 10 * (k % 7) us with one kernel in
+    it; returns the step durations in ms as written."""
+    b, at, durs = TraceBuilder(), 0.0, []
+    for k in range(n):
+        dur = 1000.0 + 10 * (k % 7)
+        b.step(k, at, dur).kernel("gemm_kernel", at + 100, 500)
+        durs.append(dur / 1e3)
+        at += dur + 5
+    b.write(str(path / "rank-0.pt.trace.json.gz"))
+    return durs
+
+
+def test_many_steps_make_a_bounded_report(tmp_path):
+    """The step heatmap of 3,000 steps has MAX_STEP_COLUMNS columns at most, each the mean of a run
+    of consecutive steps, worked here from the durations written to the trace; the page grows with
+    the heatmap's bounded size, not with the number of steps."""
+    durs = _many_steps(tmp_path, 3000)
+    d = diagnose(load_job(str(tmp_path)))
+    fig = charts.step_heatmap(d)
+    per = -(-3000 // charts.MAX_STEP_COLUMNS)
+    z = fig.data[0].z[0]
+    assert len(z) == -(-3000 // per) <= charts.MAX_STEP_COLUMNS
+    expected = [sum(durs[i:i + per]) / len(durs[i:i + per]) for i in range(0, 3000, per)]
+    assert max(abs(a - b) for a, b in zip(z, expected)) < 1e-3
+    assert f"mean of {per:,} consecutive steps of 3,000" in fig.layout.title.text
+    small = tmp_path / "small"
+    small.mkdir()
+    _many_steps(small, 200)
+    sizes = [len(render_html(x)) for x in (d, diagnose(load_job(str(small))))]
+    assert abs(sizes[0] - sizes[1]) < 20_000, sizes      # 15 times the steps, about the same page

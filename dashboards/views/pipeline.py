@@ -3,7 +3,7 @@ import streamlit as st
 
 import ui
 from diag.report import charts
-from diag.report.fmt import PIPE_HEADER, pipeline_caption, pipeline_rows
+from diag.report.fmt import GANTT_LEGEND, PIPE_HEADER, pipeline_caption, pipeline_rows
 
 run = ui.current()
 d, g = run.diagnosis, run.gantt
@@ -21,6 +21,6 @@ else:
 if g.rows:
     st.plotly_chart(charts.gantt_chart(g, d.pipeline.ideal_fraction if d.pipeline else None),
                     width="stretch")
-    st.caption(g.note)
+    st.caption(f"{g.note}. {GANTT_LEGEND}.")
 else:
     st.info("No ProfilerStep in the analysis window: no step to draw.")

@@ -42,6 +42,7 @@ class Recommendation:
     assumptions: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)   # what to look at (stragglers), when there is no flag
     runnable: bool = True              # False when the instrumented trainer lacks the flag (Megatron-LM only)
+    upper_bound: bool = False          # step_s_after is the best case (the whole loss removed), not a prediction
 
     def __post_init__(self) -> None:
         if self.confidence not in CONFIDENCES:

@@ -80,33 +80,70 @@ def busbw_scatter(d: Diagnosis):
     return _layout(fig, "Bus bandwidth vs message size (nccl-tests busbw)", "message size (bytes)", "busbw (GB/s)")
 
 
+MAX_STEP_COLUMNS = 200      # a heatmap of a million steps would be a million cells per rank
+
+
+def _block_means(z, per: int):
+    """Mean of each run of `per` columns, ignoring missing steps (nan; a run with none stays nan)."""
+    import numpy as np
+
+    pad = np.full((z.shape[0], -z.shape[1] % per), np.nan)
+    blocks = np.concatenate([z, pad], axis=1).reshape(z.shape[0], -1, per)
+    counts = (~np.isnan(blocks)).sum(axis=2)
+    sums = np.nansum(blocks, axis=2)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
 def step_heatmap(d: Diagnosis):
-    """Host step time per rank and ProfilerStep, in ms."""
+    """Host step time per rank and ProfilerStep, in ms; past MAX_STEP_COLUMNS steps each column is
+    the mean of a run of consecutive steps (the title says how many), so the figure stays small."""
+    import numpy as np
+
     go = _go()
     numbers = sorted({s.number for r in d.ranks for s in r.steps})
-    z = [[next((1e3 * s.host_s for s in r.steps if s.number == n), None) for n in numbers] for r in d.ranks]
-    fig = go.Figure(go.Heatmap(z=z, x=[f"step {n}" for n in numbers], y=[f"rank {r.rank}" for r in d.ranks],
-                               colorscale="Blues", colorbar=dict(title="ms"), texttemplate="%{z:.1f}"))
+    col = {n: i for i, n in enumerate(numbers)}
+    z = np.full((len(d.ranks), len(numbers)), np.nan)
+    for i, r in enumerate(d.ranks):
+        for s in r.steps:
+            z[i, col[s.number]] = 1e3 * s.host_s
+    per = max(1, -(-len(numbers) // MAX_STEP_COLUMNS))
+    title = "Step time per rank (ms)"
+    if per > 1:
+        z = _block_means(z, per)
+        x = [f"steps {numbers[k]}-{numbers[min(k + per, len(numbers)) - 1]}" for k in range(0, len(numbers), per)]
+        title = f"Step time per rank (ms; each column the mean of {per:,} consecutive steps of {len(numbers):,})"
+    else:
+        x = [f"step {n}" for n in numbers]
+    cells = [[None if np.isnan(v) else float(v) for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(z=cells, x=x, y=[f"rank {r.rank}" for r in d.ranks], colorscale="Blues",
+                               colorbar=dict(title="ms"), texttemplate="%{z:.1f}" if len(x) <= 30 else ""))
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, "Step time per rank (ms)", "", "", height=max(260, 40 * len(d.ranks) + 120))
+    return _layout(fig, title, "", "", height=max(260, 40 * len(d.ranks) + 120))
 
 
 def wait_heatmap(d: Diagnosis):
-    """Per rank: collective time and the part of it spent waiting for the last rank, in ms;
-    stragglers marked on the axis."""
-    go = _go()
+    """Per rank, ms per step: the time in collectives (their instances' durations added), the
+    exposed communication (the breakdown's, the Overview's "exp ms") and the part of the
+    collectives spent waiting for the last rank; stragglers marked on the axis."""
+    go, n = _go(), steps_in_window(d)
     comm = {c.rank: c for c in (d.comm.ranks if d.comm else [])}
     slow = {r for s in (d.comm.stragglers if d.comm else []) for r in s.ranks}
-    ranks = [r.rank for r in d.ranks]
-    cols = ["collective ms", "exposed ms", "wait ms"]
-    z = [[1e3 * c.comm_s, 1e3 * c.exposed_s, None if c.wait_s is None else 1e3 * c.wait_s]   # None: unmeasured
-         if (c := comm.get(r)) else [None] * 3 for r in ranks]
-    labels = [f"rank {r} ⚠ straggler" if r in slow else f"rank {r}" for r in ranks]
-    fig = go.Figure(go.Heatmap(z=z, x=cols, y=labels, colorscale="Oranges", colorbar=dict(title="ms"),
-                               texttemplate="%{z:.1f}"))
+    cols = ["collectives ms/step", "exposed ms/step", "wait ms/step"]
+
+    def row(r):
+        c = comm.get(r.rank)
+        exposed = 1e3 * (r.overlap.exposed_per_step_s if r.overlap.exposed_per_step_s is not None
+                         else r.overlap.exposed_s / n)
+        if c is None:
+            return [None, exposed, None]
+        return [1e3 * c.comm_s / n, exposed, None if c.wait_s is None else 1e3 * c.wait_s / n]  # None: unmeasured
+
+    labels = [f"rank {r.rank} ⚠ straggler" if r.rank in slow else f"rank {r.rank}" for r in d.ranks]
+    fig = go.Figure(go.Heatmap(z=[row(r) for r in d.ranks], x=cols, y=labels, colorscale="Oranges",
+                               colorbar=dict(title="ms"), texttemplate="%{z:.1f}"))
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, "Collective time and wait per rank (whole window)", "", "",
-                   height=max(260, 40 * len(ranks) + 120))
+    return _layout(fig, "Collective time, exposed communication and wait per rank (ms per step)", "", "",
+                   height=max(260, 40 * len(d.ranks) + 120))
 
 
 def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
@@ -116,14 +153,14 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
     def label(r) -> str:
         who = f"stage {r.stage} (rank {r.rank})" if r.stage is not None else f"rank {r.rank}"
         return (f"{who}<br>send/recv {100 * r.total('send/recv') / r.step_s:.1f}%, "
-                f"idle {100 * r.total('idle') / r.step_s:.1f}%")
+                f"gaps {100 * r.total('idle') / r.step_s:.1f}% of this step")
 
     names = {id(r): label(r) for r in g.rows}
     for kind in KINDS:
         segs = [(names[id(r)], s) for r in g.rows for s in r.segments if s.kind == kind]
         if segs:
             fig.add_trace(go.Bar(
-                name=kind, orientation="h", y=[y for y, _ in segs], x=[1e3 * (s.end_s - s.start_s) for _, s in segs],
+                name="gap" if kind == "idle" else kind, orientation="h", y=[y for y, _ in segs], x=[1e3 * (s.end_s - s.start_s) for _, s in segs],
                 base=[1e3 * s.start_s for _, s in segs], marker_color=COLORS[kind], marker_line_width=0,
                 hovertemplate=f"{kind}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
     fig.update_layout(barmode="overlay", bargap=0.35)
