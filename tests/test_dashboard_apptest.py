@@ -138,8 +138,16 @@ def test_recommendations_and_what_if(root, monkeypatch, diagnosis):
     cal = calibrate(diagnosis)
     assert m["Measured step"] == f"{cal.measured_step_s * 1e3:,.1f} ms"
     assert m["Predicted step"] == f"{cal.predict(cal.config) * 1e3:,.1f} ms"
+    # DP doubled keeps the global batch by default, as the recommendations do: half the micro-batches
+    c = cal.config
+    at.number_input(key="wi_dp").set_value(2 * c.dp).run()
+    kept = cal.predict(dataclasses.replace(c, dp=2 * c.dp, num_micro_batches=c.num_micro_batches // 2))
+    assert metrics(at)["Predicted step"] == f"{kept * 1e3:,.1f} ms"
+    assert metrics(at)["micro-batches"] == str(c.num_micro_batches // 2)
+    at.number_input(key="wi_dp").set_value(c.dp).run()
+    at.checkbox(key="wi_keep").uncheck().run()
     at.number_input(key="wi_m").set_value(4).run()
-    expected = cal.predict(dataclasses.replace(cal.config, num_micro_batches=4))
+    expected = cal.predict(dataclasses.replace(c, num_micro_batches=4))
     assert metrics(at)["Predicted step"] == f"{expected * 1e3:,.1f} ms"
     at.number_input(key="wi_pp").set_value(3).run()     # 4 layers do not split over 3 stages
     assert "cannot run this layout" in at.error[0].value
