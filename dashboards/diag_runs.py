@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from diag.runinputs import RunInputs, open_run
+from diag.analysis.collect import items_of
+from diag.runinputs import BENCH_NEXT_TO_TRACES, RunInputs, open_run
+from diag.trace.errors import TraceError
 from diag.analysis.gantt import PipelineGantt
 from diag.analysis.results import Diagnosis
-from diag.trace.job import NOT_TRACES, RUN_METADATA, SUMMARY_SUFFIX, TRACE_SUFFIXES, trace_files
+from diag.trace.job import NOT_TRACES, RUN_METADATA, SUMMARY_SUFFIX, TRACE_SUFFIXES
 
 DEFAULT_MAX_UPLOAD_MB = 500
 CACHE_RUNS = 8
@@ -75,23 +77,33 @@ def inside(root: Path, path: Path) -> bool:
 
 
 def safe_path(root: Path, name: str) -> Optional[Path]:
-    """The run named `name` (relative to root, or absolute) if it exists under root, else None."""
+    """The run named `name` (relative to root, or absolute) if it, and every file its analysis
+    would read, is under root; else None. The one gate of every file the app opens."""
     if not name or "\x00" in name:
         return None
     p = Path(name) if os.path.isabs(name) else root / name
     if not p.exists() or not inside(root, p):
         return None
-    if p.is_dir() and not all(inside(root, Path(f)) for f in _run_files(p)):
-        return None                    # a trace in the folder links outside the root
+    try:
+        files = run_files(p)
+    except (TraceError, OSError):
+        return None
+    if not all(inside(root, Path(f)) for f in files):
+        return None                    # a trace, a summary or diag_run.json beside it links outside
     return Path(os.path.realpath(p))
 
 
-def _run_files(p: Path) -> list[str]:
-    """Every file the analysis of run folder p reads: traces, their summaries, diag_run.json."""
-    files = trace_files(str(p))
-    files += sorted(str(p / n) for n in os.listdir(p) if n.endswith(SUMMARY_SUFFIX))
-    meta = p / RUN_METADATA
-    return files + ([str(meta)] if meta.exists() else [])
+def run_files(p: Path) -> list[str]:
+    """Every file the analysis of run p (a folder or one trace) reads: the traces and summaries
+    analysis.collect picks (in subfolders too), diag_run.json and diag_bench.json beside them."""
+    items, meta_dir, _ = items_of(str(p))
+    files = [f for it in items for f in (it.trace, it.summary) if f]
+    near = {meta_dir, str(p) if p.is_dir() else os.path.dirname(os.path.abspath(p))}
+    files += [os.path.join(d, n) for d in sorted(near) for n in (RUN_METADATA, BENCH_NEXT_TO_TRACES)
+              if os.path.lexists(os.path.join(d, n))]
+    if not p.is_dir() and os.path.lexists(str(p) + SUMMARY_SUFFIX):
+        files.append(str(p) + SUMMARY_SUFFIX)
+    return files
 
 
 def _is_trace(name: str) -> bool:
@@ -147,7 +159,7 @@ def save_uploads(files, max_mb: int, dest: Optional[Path] = None) -> tuple[Optio
 
 
 def _signature(path: Path) -> tuple:
-    files = _run_files(path) if path.is_dir() else [str(path)]
+    files = run_files(path)
     return tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
 
 

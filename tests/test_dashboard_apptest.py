@@ -49,6 +49,14 @@ def root(tmp_path_factory):
     (r / "sum_out").mkdir()
     shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "sum_out" / "rank-0.pt.trace.json.gz")
     (r / "sum_out" / "rank-0.pt.trace.json.gz.diagsum").symlink_to(outside / "rank-0.pt.trace.json.gz.diagsum")
+    # one trace alone, whose diag_run.json and summary beside it link outside (issue #20, class 4)
+    (r / "single").mkdir()
+    shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "single" / "rank-0.pt.trace.json.gz")
+    (outside / "diag_run.json").write_text('{"secret": "outside the root"}')
+    (r / "single" / "diag_run.json").symlink_to(outside / "diag_run.json")
+    (r / "single_sum").mkdir()
+    shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "single_sum" / "rank-0.pt.trace.json.gz")
+    (r / "single_sum" / "rank-0.pt.trace.json.gz.diagsum").symlink_to(outside / "rank-0.pt.trace.json.gz.diagsum")
     return r
 
 
@@ -164,7 +172,8 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
 
 
 @pytest.mark.parametrize("name", ["../", "../secret", "/etc", "tp2_pp2_dp2/../../secret", "link_out",
-                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "sum_out", "/etc/passwd"])
+                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "sum_out", "/etc/passwd",
+                                  "single/rank-0.pt.trace.json.gz", "single_sum/rank-0.pt.trace.json.gz"])
 def test_query_param_outside_root_is_refused(root, monkeypatch, name):
     at = app(root, monkeypatch, run=name)
     assert at.error and at.error[0].value.startswith("Refused:")
@@ -176,6 +185,10 @@ def test_picker_lists_only_runs_inside_root(root):
     assert safe_path(root, "tp2_pp2_dp2/rank-0.pt.trace.json.gz") is not None
     assert safe_path(root, "mixed") is None and safe_path(root, "link_out") is None
     assert safe_path(root, "sum_out") is None
+    # a single trace is refused when a file its analysis reads beside it links outside
+    assert safe_path(root, "single/rank-0.pt.trace.json.gz") is None
+    assert safe_path(root, "single_sum/rank-0.pt.trace.json.gz") is None
+    assert safe_path(root, "pp2_m2/rank-0.pt.trace.json.gz") is not None
 
 
 def _upload(name: str, data: bytes) -> UploadedFile:
