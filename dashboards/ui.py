@@ -6,6 +6,7 @@ PipelineGantt) that this module opens through diag_runs, which enforces the root
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from typing import Optional
 
@@ -31,18 +32,18 @@ def open_run(name: str, label: Optional[str] = None, root=None) -> Optional[Load
     s = settings()
     path = safe_path(root or s.root, name)
     if path is None:
-        st.error(f"Refused: {name!r} is not a trace file or run folder under {root or s.root}.")
+        st.error(f"Refused: {md(repr(name))} is not a trace file or run folder under {md(root or s.root)}.")
         return None
     label = label or name
-    bar = st.progress(0.0, text=f"loading {label}")
+    bar = st.progress(0.0, text=f"loading {md(label)}")
 
     def progress(file: str, done: int, total: int) -> None:
-        bar.progress(done / total if total else 1.0, text=f"loading {label}: {done}/{total} {os.path.basename(file)}")
+        bar.progress(done / total if total else 1.0, text=f"loading {md(label)}: {done}/{total} {md(os.path.basename(file))}")
 
     try:
         return load_run(path, label, _cache(), progress)
     except (TraceError, ValueError) as e:
-        st.error(f"Cannot analyse {label}: {e}")
+        st.error(f"Cannot analyse {md(label)}: {md(e)}")
         return None
     finally:
         bar.empty()
@@ -58,7 +59,7 @@ def _uploaded_run(s: Settings) -> Optional[LoadedRun]:
     if st.session_state.get("upload_id") != ident:
         folder, problems = save_uploads(files, s.max_upload_mb)
         for p in problems:
-            st.sidebar.error(p)
+            st.sidebar.error(md(p))
         st.session_state["upload_id"], st.session_state["upload_dir"] = ident, folder
     folder = st.session_state.get("upload_dir")
     return open_run(str(folder), UPLOAD_LABEL, root=folder) if folder else None
@@ -75,14 +76,14 @@ def sidebar_run() -> Optional[LoadedRun]:
     name = st.query_params.get("run") or st.session_state.get("run_name") or s.run or (runs[0] if runs else "")
     if "run_pick" not in st.session_state:
         st.session_state["run_pick"] = name if name in runs else None
-    st.sidebar.caption(f"Runs under `{s.root}`")
+    st.sidebar.caption(f"Runs under {md(s.root)}")
     st.sidebar.selectbox("Run", runs, key="run_pick", on_change=_picked, placeholder="pick a run")
     uploaded = _uploaded_run(s)
     if uploaded:
         st.sidebar.info("Showing the uploaded traces; remove them to go back to the picked run.")
         return uploaded
     if not name:
-        st.info(f"No runs under {s.root}: start `diag dashboard` on a folder of traces, or upload some.")
+        st.info(f"No runs under {md(s.root)}: start `diag dashboard` on a folder of traces, or upload some.")
         return None
     st.session_state["run_name"] = name
     st.query_params["run"] = name
@@ -95,6 +96,17 @@ def current() -> LoadedRun:
     if run is None:
         st.stop()
     return run
+
+
+# Every ASCII punctuation mark is backslash-escapable in CommonMark; escaping them all keeps
+# Markdown (images, links, HTML, code spans), Streamlit's :color[] directives and KaTeX's $ out.
+_MD_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def md(text: object) -> str:
+    """A string from a trace, diag_run.json or a file name, for a Streamlit element that renders
+    Markdown (caption, warning, subheader, metric label...): shown verbatim, never interpreted."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
 def ms(seconds: Optional[float], digits: int = 1) -> str:

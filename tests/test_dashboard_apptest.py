@@ -29,6 +29,7 @@ APP = os.path.join(ROOT, "dashboards", "app.py")
 SAMPLES = os.path.join(ROOT, "sample_traces")
 sys.path.insert(0, os.path.join(ROOT, "dashboards"))
 from diag_runs import clean_name, list_runs, safe_path, save_uploads  # noqa: E402
+from ui import md  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,15 +117,15 @@ def test_ranks_page(root, monkeypatch, diagnosis):
     assert len(at.get("plotly_chart")) == 2 and not at.error
     warned = [w.value for w in at.warning]
     assert len(warned) == len(diagnosis.comm.stragglers)
-    assert all(f"{s.who} " in w for s, w in zip(diagnosis.comm.stragglers, warned))
+    assert all(md(f"{s.who} ") in w for s, w in zip(diagnosis.comm.stragglers, warned))
 
 
 def test_ranks_page_names_a_set_of_stragglers(tmp_path, monkeypatch):
     """Ranks 3 and 6 of a synthesised TP=8 job take turns being late (test_straggler_sets)."""
     d, _ = turns_job(tmp_path / "turns")
     at = app(tmp_path, monkeypatch, "ranks", run="turns")
-    assert [w.value for w in at.warning] == [f"Straggler: {d.comm.stragglers[0].who} {d.comm.stragglers[0].reason}: "
-                                             f"{d.comm.stragglers[0].evidence}"]
+    assert [w.value for w in at.warning] == ["Straggler: " + md(f"{d.comm.stragglers[0].who} {d.comm.stragglers[0].reason}: "
+                                                                f"{d.comm.stragglers[0].evidence}")]
     assert d.comm.stragglers[0].who == "ranks 3 and 6" and not at.success
 
 
@@ -132,7 +133,7 @@ def test_ranks_page_says_when_it_cannot_tell(tmp_path, monkeypatch):
     """Rank 0 of a 2-rank job alone: nothing can be matched, so no "No straggler" either."""
     shutil.copytree(os.path.join(ROOT, "tests", "data", "a100_rank0_of_2_nccl_args"), tmp_path / "one_of_two")
     at = app(tmp_path, monkeypatch, "ranks", run="one_of_two")
-    assert [i.value for i in at.info] == ["Stragglers: cannot tell (no collective could be matched across ranks)."]
+    assert [i.value for i in at.info] == [f"Stragglers: cannot tell ({md('no collective could be matched across ranks')})."]
     assert not at.warning and not at.success
 
 
@@ -141,7 +142,7 @@ def test_recommendations_and_what_if(root, monkeypatch, diagnosis):
 
     at = app(root, monkeypatch, "recommendations")
     recs = diagnosis.recommendations
-    assert [h.value for h in at.subheader] == [f"{i}. {r.title}" for i, r in enumerate(recs, 1)]
+    assert [h.value for h in at.subheader] == [f"{i}. {md(r.title)}" for i, r in enumerate(recs, 1)]
     m = metrics(at)
     cal = calibrate(diagnosis)
     assert m["Measured step"] == f"{cal.measured_step_s * 1e3:,.1f} ms"
@@ -166,8 +167,8 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
     assert "Pick a second run" in at.info[0].value
     at.selectbox(key="compare_pick").set_value("pp2_m2").run()
     other = diagnose(load_job(str(root / "pp2_m2")))
-    assert metrics(at) == {"A: tp2_pp2_dp2": f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
-                           "B: pp2_m2": f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
+    assert metrics(at) == {"A: " + md("tp2_pp2_dp2"): f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
+                           "B: " + md("pp2_m2"): f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
     assert at.query_params["compare"] == "pp2_m2" and len(at.get("plotly_chart")) == 3
 
 

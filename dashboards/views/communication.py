@@ -22,4 +22,4 @@ st.subheader("Collectives by axis, op and message size")
 ui.table(OPS_HEADER, op_rows(d))
 st.caption(ops_legend(d))
 for n in d.comm.notes:
-    st.caption(f"note: {n}")
+    st.caption(f"note: {ui.md(n)}")

@@ -45,12 +45,12 @@ rows = [row("step time", lambda d: tp(d, "step_time_s"), ms),
 rows += [row(f"{p} per step (mean rank)", lambda d, p=p: mean_part(d, p + "_s"), ms)
          for p in ("compute", "comm", "memory", "idle")]
 c1, c2 = st.columns(2)
-c1.metric("A: " + a.label, ui.ms(tp(a.diagnosis, "step_time_s")))
-c2.metric("B: " + b.label, ui.ms(tp(b.diagnosis, "step_time_s")))
+c1.metric("A: " + ui.md(a.label), ui.ms(tp(a.diagnosis, "step_time_s")))
+c2.metric("B: " + ui.md(b.label), ui.ms(tp(b.diagnosis, "step_time_s")))
 ui.table(["", "A", "B", "B - A"], rows)
 st.plotly_chart(charts.compare_bars(a.diagnosis, b.diagnosis, ("A", "B")), width="stretch")
 left, right = st.columns(2)
 for col, run in ((left, a), (right, b)):
     with col:
-        st.subheader(run.label)
+        st.subheader(ui.md(run.label))
         st.plotly_chart(charts.breakdown_bars(run.diagnosis), width="stretch", key=f"bd-{run.label}")

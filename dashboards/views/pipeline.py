@@ -14,13 +14,13 @@ if d.pipeline:
     for c, s in zip(cols[1:], d.pipeline.stages):
         c.metric(f"Stage {s.stage} bubble", ui.pct(s.bubble_fraction))
     ui.table(PIPE_HEADER, pipeline_rows(d))
-    st.caption(pipeline_caption(d))
+    st.caption(ui.md(pipeline_caption(d)))
 else:
     st.info("No pipeline parallelism known for this run (PP = 1, or the trace does not say: "
             "`diag analyze --pp`). The chart shows one step of each rank.")
 if g.rows:
     st.plotly_chart(charts.gantt_chart(g, d.pipeline.ideal_fraction if d.pipeline else None),
                     width="stretch")
-    st.caption(f"{g.note}. {GANTT_LEGEND}.")
+    st.caption(f"{ui.md(g.note)}. {GANTT_LEGEND}.")
 else:
     st.info("No ProfilerStep in the analysis window: no step to draw.")

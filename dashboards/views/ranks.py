@@ -9,9 +9,9 @@ d = ui.current().diagnosis
 st.title("Ranks")
 stragglers = d.comm.stragglers if d.comm else []
 for s in stragglers:
-    st.warning(f"Straggler: {straggler_line(s)}")
+    st.warning(f"Straggler: {ui.md(straggler_line(s))}")
 if d.comm and d.comm.stragglers_unknown:
-    st.info(f"Stragglers: cannot tell ({d.comm.stragglers_unknown}).")
+    st.info(f"Stragglers: cannot tell ({ui.md(d.comm.stragglers_unknown)}).")
 elif not stragglers:
     st.success("No straggler: no rank's steps or arrivals at collectives stand out.")
 st.plotly_chart(charts.step_heatmap(d), width="stretch")

@@ -10,10 +10,10 @@ d, advice, cal = run.diagnosis, run.advice, run.calibration
 st.title("Recommendations")
 recs = getattr(d, "recommendations", None) or (advice.recommendations if advice else [])
 if advice is None and not recs:
-    st.info(f"No recommendations: {cal}")
+    st.info(f"No recommendations: {ui.md(cal)}")
 for i, r in enumerate(recs, 1):
     with st.container(border=True):
-        st.subheader(f"{i}. {r.title}")
+        st.subheader(f"{i}. {ui.md(r.title)}")
         c = st.columns(4)
         c[0].metric("Step now", ui.ms(r.step_s_before))
         delta = None if r.step_s_after is None or r.step_s_before is None else \
@@ -28,15 +28,15 @@ for i, r in enumerate(recs, 1):
         st.code(r.command or flags or "(no flag: see the checks)", language="bash")
         if not r.runnable:
             st.caption("The instrumented trainer has no such flag: the command is for Megatron-LM.")
-        st.write(r.why)
+        st.caption(ui.md(r.why))
         for a in [*r.assumptions, *r.checks]:
-            st.caption(f"• {a}")
+            st.caption(f"• {ui.md(a)}")
 if advice and advice.nothing:
-    st.success(advice.nothing)
+    st.success(ui.md(advice.nothing))
 
 st.header("What if")
 if isinstance(cal, str) or cal is None:
-    st.info(f"The what-if needs the step-time model calibrated on this run: {cal}")
+    st.info(f"The what-if needs the step-time model calibrated on this run: {ui.md(cal)}")
     st.stop()
 st.caption("Predictions of diag's step-time model (diag/advise/model.py), calibrated crudely on this run "
            "(diag/advise/calibrate.py): predicted = measured + model(new) - model(measured). "
@@ -77,4 +77,4 @@ st.caption(f"global batch = micro-batches × micro-batch size × DP = {m} × {ba
            f"{base.num_micro_batches * base.micro_batch_size * base.dp})")
 with st.expander("What the calibration assumed"):
     for a in cal.assumptions:
-        st.caption(f"• {a}")
+        st.caption(f"• {ui.md(a)}")
