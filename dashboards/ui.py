@@ -101,12 +101,16 @@ def current() -> LoadedRun:
 # Every ASCII punctuation mark is backslash-escapable in CommonMark; escaping them all keeps
 # Markdown (images, links, HTML, code spans), Streamlit's :color[] directives and KaTeX's $ out.
 _MD_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
+# GFM links bare URLs and e-mail addresses after parsing, escapes or not: a zero-width space
+# after the scheme (or www, or @) keeps them text.
+_AUTOLINK = re.compile(r"(?i)(\b(?:https?|ftp|mailto|xmpp|www)(?=[:.])|@)")
 
 
 def md(text: object) -> str:
     """A string from a trace, diag_run.json or a file name, for a Streamlit element that renders
-    Markdown (caption, warning, subheader, metric label...): shown verbatim, never interpreted."""
-    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+    Markdown (caption, warning, subheader, metric label...): shown as written, never interpreted."""
+    plain = _AUTOLINK.sub("\\1\u200b", " ".join(str(text).split()))
+    return _MD_SPECIAL.sub(r"\\\1", plain)
 
 
 def ms(seconds: Optional[float], digits: int = 1) -> str:
