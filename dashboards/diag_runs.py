@@ -4,13 +4,18 @@ Problem: the dashboard is a web server; a run is named by a query parameter, a p
 an upload, and none of those may reach a file outside the folder it was started on.
 Every path is resolved (symlinks included) and must stay under the root; a run folder
 whose trace files point outside the root is refused as a whole. Uploads are written,
-under their bare file names, to a private temporary folder and capped in size.
+under their bare file names, to a private temporary folder and capped in size; the folder
+is removed when its session lets go of it (a new upload, the upload removed), when the
+session has ended (checked at every page run of any session) and, whatever is left, when
+the server exits.
 Loaded runs are kept in a small process-wide cache keyed by path and file signatures,
 so a big trace is parsed once, not on every click.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -136,13 +141,44 @@ def clean_name(name: str) -> Optional[str]:
     return base
 
 
-def save_uploads(files, max_mb: int, dest: Optional[Path] = None) -> tuple[Optional[Path], list[str]]:
-    """Write uploaded files (objects with .name, .size, .getvalue()) under a new private folder.
-    Returns (folder or None, problems). Refuses everything when the total exceeds max_mb."""
+_UPLOADS: dict[str, Optional[str]] = {}    # upload folders this server process made -> owning session
+
+
+def drop_upload(folder: Optional[str]) -> None:
+    """Remove an upload folder this process made (and nothing else)."""
+    if folder in _UPLOADS:
+        del _UPLOADS[folder]
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_orphan_uploads(alive: Callable[[str], bool]) -> None:
+    """Remove the upload folders of sessions that `alive` says have ended."""
+    for folder, owner in list(_UPLOADS.items()):
+        if owner is not None and not alive(owner):
+            drop_upload(folder)
+
+
+@atexit.register
+def _drop_all_uploads() -> None:
+    for folder in list(_UPLOADS):
+        drop_upload(folder)
+
+
+def new_upload_folder(owner: Optional[str] = None) -> Path:
+    folder = tempfile.mkdtemp(prefix="diag-upload-")
+    _UPLOADS[folder] = owner
+    return Path(folder)
+
+
+def save_uploads(files, max_mb: int, dest: Optional[Path] = None,
+                 owner: Optional[str] = None) -> tuple[Optional[Path], list[str]]:
+    """Write uploaded files (objects with .name, .size, .getvalue()) under a new private folder
+    owned by session `owner`. Returns (folder or None, problems). Refuses everything when the
+    total exceeds max_mb."""
     total = sum(int(f.size) for f in files)
     if total > max_mb * 1024 * 1024:
         return None, [f"upload of {total / 2**20:,.1f} MB refused: the limit is {max_mb} MB"]
-    dest = dest or Path(tempfile.mkdtemp(prefix="diag-upload-"))
+    dest = dest or new_upload_folder(owner)
     problems, saved = [], 0
     for f in files:
         name = clean_name(f.name)
@@ -155,6 +191,8 @@ def save_uploads(files, max_mb: int, dest: Optional[Path] = None) -> tuple[Optio
             continue
         target.write_bytes(f.getvalue())
         saved += 1
+    if not saved:
+        drop_upload(str(dest))
     return (dest if saved else None), problems
 
 

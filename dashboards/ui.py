@@ -8,12 +8,16 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
+from pathlib import Path
 from typing import Optional
 
 import streamlit as st
+from streamlit import runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from diag.trace.errors import TraceError
-from diag_runs import LoadedRun, Settings, list_runs, load_run, safe_path, save_uploads
+from diag_runs import (LoadedRun, Settings, drop_orphan_uploads, drop_upload, list_runs, load_run, safe_path,
+                       save_uploads)
 
 UPLOAD_LABEL = "upload"
 
@@ -49,20 +53,35 @@ def open_run(name: str, label: Optional[str] = None, root=None) -> Optional[Load
         bar.empty()
 
 
+def _session_id() -> Optional[str]:
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx else None
+
+
+def _drop_ended_sessions_uploads() -> None:
+    """Uploads of sessions the server no longer has (closed tabs) go; Streamlit tells no one."""
+    if runtime.exists():
+        drop_orphan_uploads(runtime.get_instance().is_active_session)
+
+
 def _uploaded_run(s: Settings) -> Optional[LoadedRun]:
     files = st.sidebar.file_uploader(f"…or upload trace files (max {s.max_upload_mb} MB)",
                                      type=["json", "gz"], accept_multiple_files=True, key="upload")
+    held = st.session_state.get("upload_dir")
     if not files:
-        st.session_state.pop("upload_dir", None)
+        drop_upload(st.session_state.pop("upload_dir", None))
+        st.session_state.pop("upload_id", None)
         return None
     ident = tuple((f.name, f.size, f.file_id) for f in files)
-    if st.session_state.get("upload_id") != ident:
-        folder, problems = save_uploads(files, s.max_upload_mb)
+    # a session back after its folder went (reconnected late) writes its files again
+    if st.session_state.get("upload_id") != ident or (held and not os.path.isdir(held)):
+        drop_upload(held)
+        folder, problems = save_uploads(files, s.max_upload_mb, owner=_session_id())
         for p in problems:
             st.sidebar.error(md(p))
-        st.session_state["upload_id"], st.session_state["upload_dir"] = ident, folder
-    folder = st.session_state.get("upload_dir")
-    return open_run(str(folder), UPLOAD_LABEL, root=folder) if folder else None
+        st.session_state["upload_id"], st.session_state["upload_dir"] = ident, folder and str(folder)
+    held = st.session_state.get("upload_dir")
+    return open_run(held, UPLOAD_LABEL, root=Path(held)) if held else None
 
 
 def _picked() -> None:
@@ -72,6 +91,7 @@ def _picked() -> None:
 def sidebar_run() -> Optional[LoadedRun]:
     """The run the pages show: an upload if there is one, else ?run=, else the one picked before."""
     s = settings()
+    _drop_ended_sessions_uploads()
     runs = list_runs(s.root)
     name = st.query_params.get("run") or st.session_state.get("run_name") or s.run or (runs[0] if runs else "")
     if "run_pick" not in st.session_state:

@@ -108,3 +108,49 @@ def test_html_report_shows_hostile_trace_strings_as_text(tmp_path, trap):
         WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg"))
         assert f"device: {name}" in driver.find_element(By.TAG_NAME, "body").text
         _no_markup(driver, url, seen)
+
+
+def _upload_in_browser(driver, base: str, trace: str) -> None:
+    driver.get(base)
+    box = WebDriverWait(driver, 90).until(EC.presence_of_element_located(
+        (By.CSS_SELECTOR, '[data-testid="stSidebar"] input[type="file"]')))
+    box.send_keys(trace)
+    WebDriverWait(driver, 90, poll_frequency=0.3).until(
+        lambda d: "Showing the uploaded traces" in d.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"]').text)
+
+
+def _uploads(tmp: str) -> list[str]:
+    return sorted(n for n in os.listdir(tmp) if n.startswith("diag-upload-"))
+
+
+def _until(cond, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.5)
+    return cond()
+
+
+def test_uploads_are_removed_when_the_session_ends_and_at_server_exit(tmp_path):
+    """A real server (its temporary folder under tmp_path) takes an upload from Chromium; the
+    folder goes once the browser has gone (the next page run of any session removes the uploads
+    of sessions the server no longer has), and an upload still held goes when the server exits."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"TMPDIR": str(tmp)}
+    trace = os.path.join(ROOT, "sample_traces", "pp2_m2", "rank-0.pt.trace.json.gz")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with dashboard_server(str(runs), free_port(), str(tmp_path / "server.log"), env=env) as base:
+        with chromium() as driver:
+            _upload_in_browser(driver, base, trace)
+            first = _uploads(str(tmp))
+            assert len(first) == 1 and os.listdir(tmp / first[0]) == ["rank-0.pt.trace.json.gz"]
+        time.sleep(2)                                    # the browser is gone, its session with it
+        with chromium() as driver:
+            _upload_in_browser(driver, base, trace)      # a new session, whose page runs look
+            assert _until(lambda: first[0] not in _uploads(str(tmp)), 30), _uploads(str(tmp))
+            assert len(_uploads(str(tmp))) == 1          # the new session's upload
+        assert _uploads(str(tmp))
+    assert _uploads(str(tmp)) == []                      # the server removed it when it exited
