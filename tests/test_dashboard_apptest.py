@@ -7,6 +7,7 @@ file outside the root.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -170,6 +171,16 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
     assert metrics(at) == {"A: " + md("tp2_pp2_dp2"): f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
                            "B: " + md("pp2_m2"): f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
     assert at.query_params["compare"] == "pp2_m2" and len(at.get("plotly_chart")) == 3
+    # the same signed comparison as `diag compare`, a warning for the world sizes (8 vs 2), one y scale
+    from diag.advise.compare import compare
+    from diag.report.advice import comparison_rows
+    table = at.dataframe[0].value
+    assert [list(r) for r in table.itertuples(index=False)] == comparison_rows(compare(diagnosis, other))
+    assert [w.value for w in at.warning] == [md("world sizes differ (8 vs 2): compare tokens/s/GPU, not step time")]
+    ranges = [json.loads(c.proto.spec)["layout"]["yaxis"]["range"] for c in at.get("plotly_chart")[1:]]
+    per_step = lambda x: max(sum(s.in_window for s in r.steps) for r in x.ranks)  # noqa: E731
+    tallest = max(1e3 * max(r.breakdown.span_s for r in x.ranks) / per_step(x) for x in (diagnosis, other))
+    assert ranges[0] == ranges[1] and tallest <= ranges[0][1] <= 1.06 * tallest
 
 
 @pytest.mark.parametrize("name", ["../", "../secret", "/etc", "tp2_pp2_dp2/../../secret", "link_out",

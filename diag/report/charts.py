@@ -36,15 +36,26 @@ def steps_in_window(d: Diagnosis) -> int:
     return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
 
 
-def breakdown_bars(d: Diagnosis):
-    """Per rank, where the window's time goes, in ms per step, stacked."""
+_PARTS = {"compute": lambda b: b.compute_s, "communication": lambda b: b.comm_s,
+          "memory": lambda b: b.memory_s + b.other_s, "idle": lambda b: b.idle_s}
+
+
+def breakdown_peak_ms(d: Diagnosis) -> float:
+    """The tallest rank's stacked bar in breakdown_bars, ms per step (to share a y-axis)."""
+    n = steps_in_window(d)
+    return max((1e3 * sum(f(r.breakdown) for f in _PARTS.values()) / n for r in d.ranks), default=0.0)
+
+
+def breakdown_bars(d: Diagnosis, y_max_ms: Optional[float] = None):
+    """Per rank, where the window's time goes, in ms per step, stacked; y_max_ms fixes the
+    y-axis (two runs side by side on one scale)."""
     go, n = _go(), steps_in_window(d)
     ranks = [f"rank {r.rank}" for r in d.ranks]
-    parts = {"compute": lambda b: b.compute_s, "communication": lambda b: b.comm_s,
-             "memory": lambda b: b.memory_s + b.other_s, "idle": lambda b: b.idle_s}
     fig = go.Figure([go.Bar(name=k, x=ranks, y=[1e3 * f(r.breakdown) / n for r in d.ranks],
-                            marker_color=COLORS[k]) for k, f in parts.items()])
+                            marker_color=COLORS[k]) for k, f in _PARTS.items()])
     fig.update_layout(barmode="stack")
+    if y_max_ms:
+        fig.update_yaxes(range=[0, 1.05 * y_max_ms])
     return _layout(fig, "Temporal breakdown per rank (communication = exposed)", "", "ms per step")
 
 
@@ -174,13 +185,10 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
 def compare_bars(a: Diagnosis, b: Diagnosis, names: tuple[str, str] = ("A", "B")):
     """Mean per-rank breakdown of two runs side by side, ms per step."""
     go = _go()
-    parts = {"compute": lambda x: x.compute_s, "communication": lambda x: x.comm_s,
-             "memory": lambda x: x.memory_s + x.other_s, "idle": lambda x: x.idle_s}
-
     def mean_ms(d, f):
         return 1e3 * sum(f(r.breakdown) for r in d.ranks) / max(1, len(d.ranks)) / steps_in_window(d)
 
     fig = go.Figure([go.Bar(name=k, x=list(names), y=[mean_ms(a, f), mean_ms(b, f)], marker_color=COLORS[k])
-                     for k, f in parts.items()])
+                     for k, f in _PARTS.items()])
     fig.update_layout(barmode="stack")
     return _layout(fig, "Mean rank breakdown, two runs", "", "ms per step")
