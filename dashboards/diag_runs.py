@@ -202,13 +202,16 @@ def _signature(path: Path) -> tuple:
 
 
 def load_run(path: Path, label: str, cache: OrderedDict,
-             progress: Optional[Callable[[str, int, int], None]] = None) -> LoadedRun:
-    """Diagnosis and pipeline Gantt of a run, from the cache when its files have not changed."""
-    key = (str(path), _signature(path))
+             progress: Optional[Callable[[str, int, int], None]] = None,
+             inputs: Optional[RunInputs] = None) -> LoadedRun:
+    """Diagnosis and pipeline Gantt of a run opened with `inputs` (default: `diag dashboard`'s
+    flags), from the cache when neither its files nor the inputs have changed."""
+    inputs = inputs or RunInputs.from_json(os.environ.get("DIAG_DASHBOARD_INPUTS"))
+    key = (str(path), _signature(path), inputs.to_json())
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    d = open_run(str(path), RunInputs.from_json(os.environ.get("DIAG_DASHBOARD_INPUTS")), progress=progress)
+    d = open_run(str(path), inputs, progress=progress)
     advice, cal = advise_run(d)
     run = LoadedRun(label=label, path=str(path), diagnosis=d, advice=advice, calibration=cal,
                     gantt=d.gantt)

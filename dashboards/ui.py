@@ -16,6 +16,7 @@ from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from diag.trace.errors import TraceError
+from run_inputs import sidebar_inputs
 from diag_runs import (LoadedRun, Settings, drop_orphan_uploads, drop_upload, list_runs, load_run, safe_path,
                        save_uploads)
 
@@ -31,8 +32,9 @@ def settings() -> Settings:
     return Settings.from_env()
 
 
-def open_run(name: str, label: Optional[str] = None, root=None) -> Optional[LoadedRun]:
-    """Load a run by name under the root, with a progress bar; None (and an error shown) if refused."""
+def open_run(name: str, label: Optional[str] = None, root=None, inputs=None) -> Optional[LoadedRun]:
+    """Load a run by name under the root, with a progress bar, opened with `inputs` (RunInputs;
+    default `diag dashboard`'s flags); None (and an error shown) if refused."""
     s = settings()
     path = safe_path(root or s.root, name)
     if path is None:
@@ -45,7 +47,7 @@ def open_run(name: str, label: Optional[str] = None, root=None) -> Optional[Load
         bar.progress(done / total if total else 1.0, text=f"loading {md(label)}: {done}/{total} {md(os.path.basename(file))}")
 
     try:
-        return load_run(path, label, _cache(), progress)
+        return load_run(path, label, _cache(), progress, inputs)
     except (TraceError, ValueError) as e:
         st.error(f"Cannot analyse {md(label)}: {md(e)}")
         return None
@@ -64,7 +66,7 @@ def _drop_ended_sessions_uploads() -> None:
         drop_orphan_uploads(runtime.get_instance().is_active_session)
 
 
-def _uploaded_run(s: Settings) -> Optional[LoadedRun]:
+def _uploaded_run(s: Settings, inputs) -> Optional[LoadedRun]:
     files = st.sidebar.file_uploader(f"…or upload trace files (max {s.max_upload_mb} MB)",
                                      type=["json", "gz"], accept_multiple_files=True, key="upload")
     held = st.session_state.get("upload_dir")
@@ -81,7 +83,7 @@ def _uploaded_run(s: Settings) -> Optional[LoadedRun]:
             st.sidebar.error(md(p))
         st.session_state["upload_id"], st.session_state["upload_dir"] = ident, folder and str(folder)
     held = st.session_state.get("upload_dir")
-    return open_run(held, UPLOAD_LABEL, root=Path(held)) if held else None
+    return open_run(held, UPLOAD_LABEL, root=Path(held), inputs=inputs) if held else None
 
 
 def _picked() -> None:
@@ -98,7 +100,8 @@ def sidebar_run() -> Optional[LoadedRun]:
         st.session_state["run_pick"] = name if name in runs else None
     st.sidebar.caption(f"Runs under {md(s.root)}")
     st.sidebar.selectbox("Run", runs, key="run_pick", on_change=_picked, placeholder="pick a run")
-    uploaded = _uploaded_run(s)
+    inputs = sidebar_inputs(s.root)
+    uploaded = _uploaded_run(s, inputs)
     if uploaded:
         st.sidebar.info("Showing the uploaded traces; remove them to go back to the picked run.")
         return uploaded
@@ -107,7 +110,7 @@ def sidebar_run() -> Optional[LoadedRun]:
         return None
     st.session_state["run_name"] = name
     st.query_params["run"] = name
-    return open_run(name)
+    return open_run(name, inputs=inputs)
 
 
 def current() -> LoadedRun:

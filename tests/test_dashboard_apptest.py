@@ -230,3 +230,27 @@ def test_dashboard_command_refuses_a_path_outside_root(root):
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
     assert argv[argv.index("--server.maxUploadSize") + 1] == "7"
     assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
+
+
+def test_sidebar_sets_layout_and_shape_as_the_cli_flags_do(root, monkeypatch, tmp_path):
+    """--global-batch-size and --seq-length set in the sidebar give the tokens/s the CLI gives
+    with the same flags; --tp on the old DLRM trace names its axis as `diag analyze --tp 4` does;
+    a --config outside the root is refused."""
+    import json as _json
+
+    at = app(root, monkeypatch)
+    at.number_input(key="in_global_batch_size").set_value(32).run()
+    at.number_input(key="in_seq_length").set_value(64).run()
+    cli = CliRunner().invoke(main, ["analyze", str(root / "tp2_pp2_dp2"), "--format", "json",
+                                    "--global-batch-size", "32", "--seq-length", "64"])
+    want = _json.loads(cli.output)["throughput"]["tokens_per_s_per_gpu"]
+    assert metrics(at)["Tokens/s per GPU"] == f"{want:,.0f}" != metrics(app(root, monkeypatch))["Tokens/s per GPU"]
+    at.text_input(key="in_config").input(str(root.parent / "secret" / "diag_run.json")).run()
+    assert any("refused: not a file under" in e.value for e in at.sidebar.error)
+
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "dlrm_4_ranks_alltoall"), tmp_path / "dlrm")
+    at = app(tmp_path, monkeypatch, run="dlrm")
+    at.number_input(key="in_tp").set_value(4).run()
+    cli = CliRunner().invoke(main, ["analyze", str(tmp_path / "dlrm"), "--format", "json", "--tp", "4"])
+    layout = _json.loads(cli.output)["layout"]
+    assert layout and md(f"Layout: {layout}") in at.caption[0].value
