@@ -134,7 +134,9 @@ def test_ranks_page_says_when_it_cannot_tell(tmp_path, monkeypatch):
     """Rank 0 of a 2-rank job alone: nothing can be matched, so no "No straggler" either."""
     shutil.copytree(os.path.join(ROOT, "tests", "data", "a100_rank0_of_2_nccl_args"), tmp_path / "one_of_two")
     at = app(tmp_path, monkeypatch, "ranks", run="one_of_two")
-    assert [i.value for i in at.info] == [f"Stragglers: cannot tell ({md('no collective could be matched across ranks')})."]
+    assert [i.value for i in at.info] == [f"Stragglers: cannot tell ({md('no collective could be matched across ranks')}).",
+                                          md("wait unknown (blank cells): no collective could be matched across ranks; "
+                                             "the traces of every rank of the group would make it known")]
     assert not at.warning and not at.success
 
 
@@ -254,3 +256,14 @@ def test_sidebar_sets_layout_and_shape_as_the_cli_flags_do(root, monkeypatch, tm
     cli = CliRunner().invoke(main, ["analyze", str(tmp_path / "dlrm"), "--format", "json", "--tp", "4"])
     layout = _json.loads(cli.output)["layout"]
     assert layout and md(f"Layout: {layout}") in at.caption[0].value
+
+
+def test_an_empty_chart_says_why(tmp_path, monkeypatch):
+    """The old DLRM trace records no message sizes: the busbw chart is empty and says so, with the
+    analysis's own note (what would make it known)."""
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "dlrm_4_ranks_alltoall"), tmp_path / "dlrm")
+    d = diagnose(load_job(str(tmp_path / "dlrm")))
+    note = next(n for n in d.comm.notes if n.startswith("busbw unknown"))
+    at = app(tmp_path, monkeypatch, "communication", run="dlrm")
+    assert [i.value for i in at.info] == [md(f"no bus bandwidth to draw: {note}")]
+    assert "record_shapes=True" in note

@@ -14,6 +14,11 @@ if d.comm and d.comm.stragglers_unknown:
     st.info(f"Stragglers: cannot tell ({ui.md(d.comm.stragglers_unknown)}).")
 elif not stragglers:
     st.success("No straggler: no rank's steps or arrivals at collectives stand out.")
+empty = charts.why_empty(d)
+if "steps" in empty:
+    st.info(ui.md(empty["steps"]))
 st.plotly_chart(charts.step_heatmap(d), width="stretch")
 if d.comm:
+    if "wait" in empty:
+        st.info(ui.md(empty["wait"]))
     st.plotly_chart(charts.wait_heatmap(d), width="stretch")

@@ -32,6 +32,25 @@ def _layout(fig, title: str, x: str = "", y: str = "", height: int = 380):
     return fig
 
 
+def why_empty(d: Diagnosis) -> dict[str, str]:
+    """For each chart that would be empty or partly blank on this run: which fact is missing and
+    what would make it known ("busbw", "steps", "wait", "axes")."""
+    out = {}
+    comm = d.comm
+    if not any(s for r in d.ranks for s in r.steps):
+        out["steps"] = ("no step times: the traces have no ProfilerStep marks (profile with a torch.profiler "
+                        "schedule and call prof.step() each iteration)")
+    if comm and not any(o.median_bytes and o.busbw_median_gbps is not None for o in comm.ops):
+        why = [n for n in comm.notes if n.startswith("busbw unknown")]
+        out["busbw"] = "no bus bandwidth to draw: " + ("; ".join(why) or "no collective has a message size and a time")
+    if comm and any(c.wait_s is None for c in comm.ranks):
+        out["wait"] = ("wait unknown (blank cells): " + (comm.stragglers_unknown or "some ranks' collectives were not "
+                       "matched across their group") + "; the traces of every rank of the group would make it known")
+    if comm and not comm.axes:
+        out["axes"] = "no parallel axis known for the communication: give --tp/--pp/--dp-shard or --config"
+    return out
+
+
 def steps_in_window(d: Diagnosis) -> int:
     return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
 

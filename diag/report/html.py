@@ -58,8 +58,9 @@ def _overview(d: Diagnosis) -> list[str]:
 def _communication(d: Diagnosis) -> list[str]:
     if not d.comm:
         return ["<p>No communication in these traces.</p>"]
-    out = [table(AXIS_HEADER, axis_rows(d)), _figure(charts.axis_exposure_bars(d)), _figure(charts.busbw_scatter(d)),
-           table(OPS_HEADER, op_rows(d), ops_legend(d))]
+    empty = charts.why_empty(d)
+    out = [table(AXIS_HEADER, axis_rows(d)), *_why(empty, "axes"), _figure(charts.axis_exposure_bars(d)),
+           *_why(empty, "busbw"), _figure(charts.busbw_scatter(d)), table(OPS_HEADER, op_rows(d), ops_legend(d))]
     out += [f"<p class='note'>note: {_e(n)}</p>" for n in d.comm.notes]
     return out
 
@@ -76,10 +77,16 @@ def _pipeline(d: Diagnosis, gantt: Optional[PipelineGantt]) -> list[str]:
     return out
 
 
+def _why(empty: dict, chart: str) -> list[str]:
+    """Why the next chart is empty or partly blank (charts.why_empty), when it is."""
+    return [f"<p class='note'>{_e(empty[chart])}</p>"] if chart in empty else []
+
+
 def _ranks(d: Diagnosis) -> list[str]:
-    out = [_figure(charts.step_heatmap(d))]
+    empty = charts.why_empty(d)
+    out = [*_why(empty, "steps"), _figure(charts.step_heatmap(d))]
     if d.comm:
-        out.append(_figure(charts.wait_heatmap(d)))
+        out += [*_why(empty, "wait"), _figure(charts.wait_heatmap(d))]
         out += [f"<p class='straggler'>{_e(line)}</p>" for line in straggler_lines(d)]
     return out
 
