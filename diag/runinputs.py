@@ -90,8 +90,10 @@ def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Call
     if inputs.config:                      # after the traces: "the rest of the ranks" needs the world size
         from .runconfig import load_config
         config = load_config(inputs.config, world_size=job.world_size)
-    return diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
-                    shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+    d = diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
+                 shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+    from .advise.recommend import with_advice     # after the analysis: the layers run one way
+    return with_advice(d)
 
 
 def run_options(f):

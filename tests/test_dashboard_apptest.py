@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 from test_straggler_sets import turns_job
 
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.analysis.collect import summarize_file
 from diag.cli import main
 from diag.dashboard_cmd import resolve_root, streamlit_argv
@@ -64,7 +65,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def diagnosis(root):
-    return diagnose(load_job(str(root / "tp2_pp2_dp2")))
+    return with_advice(diagnose(load_job(str(root / "tp2_pp2_dp2"))))
 
 
 def app(root, monkeypatch, page=None, run="tp2_pp2_dp2", **query) -> AppTest:
@@ -169,7 +170,7 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
     at = app(root, monkeypatch, "compare")
     assert "Pick a second run" in at.info[0].value
     at.selectbox(key="compare_pick").set_value("pp2_m2").run()
-    other = diagnose(load_job(str(root / "pp2_m2")))
+    other = with_advice(diagnose(load_job(str(root / "pp2_m2"))))
     assert metrics(at) == {"A: " + md("tp2_pp2_dp2"): f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
                            "B: " + md("pp2_m2"): f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
     assert at.query_params["compare"] == "pp2_m2" and len(at.get("plotly_chart")) == 3
@@ -180,8 +181,8 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
     assert [list(r) for r in table.itertuples(index=False)] == comparison_rows(compare(diagnosis, other))
     assert [w.value for w in at.warning] == [md("world sizes differ (8 vs 2): compare tokens/s/GPU, not step time")]
     ranges = [json.loads(c.proto.spec)["layout"]["yaxis"]["range"] for c in at.get("plotly_chart")[1:]]
-    per_step = lambda x: max(sum(s.in_window for s in r.steps) for r in x.ranks)  # noqa: E731
-    tallest = max(1e3 * max(r.breakdown.span_s for r in x.ranks) / per_step(x) for x in (diagnosis, other))
+    from diag.analysis.results import steps_in_window
+    tallest = max(1e3 * max(r.breakdown.span_s for r in x.ranks) / steps_in_window(x.ranks) for x in (diagnosis, other))
     assert ranges[0] == ranges[1] and tallest <= ranges[0][1] <= 1.06 * tallest
 
 

@@ -16,6 +16,7 @@ from diag.advise.propose import rerun_command
 from diag.advise.recommend import advise
 from diag.advise.synth import Shape, write_job
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.cli import main
 from diag.trace import load_job
 
@@ -25,7 +26,7 @@ ACT = 2048 * 4096 * 2               # synth Shape: seq 2048 x hidden 4096 x bf16
 
 def job(tmp_path, w, c, links, **kw):
     write_job(simulate(w, c, links, steps=4, **kw), str(tmp_path), c, w)
-    return diagnose(load_job(str(tmp_path)))
+    return with_advice(diagnose(load_job(str(tmp_path))))
 
 
 def test_pp_one_micro_batch_recommends_more_micro_batches(tmp_path):
@@ -92,7 +93,7 @@ def test_balanced_job_gets_no_recommendation(tmp_path):
 
 def test_real_straggler_trace():
     """dlrm 4 ranks: the others wait 1,008.8 ms per step for rank 2 (the analyser's finding)."""
-    d = diagnose(load_job("tests/data/dlrm_4_ranks_alltoall"))
+    d = with_advice(diagnose(load_job("tests/data/dlrm_4_ranks_alltoall")))
     top = d.recommendations[0]
     wait = next(f for f in d.findings if f.what == "waiting for rank 2")
     assert top.rule == "straggler" and "rank 2" in top.title
@@ -101,10 +102,10 @@ def test_real_straggler_trace():
 
 
 def test_sample_trace_recommendations_and_no_model_without_metadata():
-    d = diagnose(load_job("sample_traces/dp2_no_overlap"))
+    d = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap")))
     over = next(r for r in d.recommendations if r.rule == "dp_overlap")
     assert "--overlap-grad-reduce" in over.command and "--out sample_traces/dp2_no_overlap-dp_overlap" in over.command
-    a = advise(diagnose(load_job("tests/data/a100_single_ns_resolution")))
+    a = advise(with_advice(diagnose(load_job("tests/data/a100_single_ns_resolution"))))
     assert "cannot calibrate" in a.calibration[0]
 
 

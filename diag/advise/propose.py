@@ -62,7 +62,7 @@ class Context:
             return []
         conf = confidence or (_confidence(self.cal.fit_error) if self.cal else "low")
         runnable = kw.pop("runnable", True)
-        cmd = rerun_command((self.d.run or {}).get("command"), flags, rule) if flags and runnable else None
+        cmd = rerun_command(self.d.run.command if self.d.run else None, flags, rule) if flags and runnable else None
         tokens = (self.cal.tokens_per_step if self.cal else None) or \
             (self.d.throughput.tokens_per_step if self.d.throughput else None)
         rate = (lambda s: tokens / s if tokens and s else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..analysis.results import Diagnosis
 from .calibrate import CalibrationError, calibrate
 from .propose import Context
-from .results import Advice, Recommendation
+from .results import Advice, Basis, Recommendation
 from .rules import RULES
 
 
@@ -39,6 +39,16 @@ def advise(d: Diagnosis) -> Advice:
                   measured_step_s=step, nothing=nothing)
 
 
-def recommend(d: Diagnosis) -> list[Recommendation]:
-    """Ranked recommendations, biggest predicted saving first (what Diagnosis.recommendations holds)."""
-    return advise(d).recommendations
+def with_advice(d: Diagnosis) -> Diagnosis:
+    """d with its recommendations and what they rest on, computed once for the run. Advice must not
+    cost the diagnosis: a recommender failure becomes a note."""
+    try:
+        a = advise(d)
+    except Exception as e:                       # noqa: BLE001
+        d.notes.append(f"recommendations could not be computed ({type(e).__name__}: {e}); "
+                       "the diagnosis above is complete")
+        return d
+    d.recommendations = a.recommendations
+    d.advice_basis = Basis(calibration=a.calibration, model_step_s=a.model_step_s,
+                           measured_step_s=a.measured_step_s, nothing=a.nothing)
+    return d

@@ -59,6 +59,16 @@ class Recommendation:
 
 
 @dataclass
+class Basis:
+    """What a diagnosis's recommendations rest on, carried beside them in the Diagnosis."""
+
+    calibration: list[str] = field(default_factory=list)   # assumptions and measured inputs, in words
+    model_step_s: Optional[float] = None                   # the model's step time for the measured config
+    measured_step_s: Optional[float] = None
+    nothing: Optional[str] = None                          # why nothing is recommended, when nothing is
+
+
+@dataclass
 class Advice:
     """The ranked recommendations for one diagnosis, and what the model was calibrated on."""
 
@@ -67,3 +77,10 @@ class Advice:
     model_step_s: Optional[float] = None                   # the model's step time for the measured config
     measured_step_s: Optional[float] = None
     nothing: Optional[str] = None                          # why nothing is recommended, when nothing is
+
+    @classmethod
+    def of(cls, d) -> "Advice":
+        """The advice a Diagnosis carries (advise.recommend.with_advice computed it once)."""
+        b = d.advice_basis or Basis()
+        return cls(recommendations=list(d.recommendations), calibration=list(b.calibration),
+                   model_step_s=b.model_step_s, measured_step_s=b.measured_step_s, nothing=b.nothing)

@@ -212,7 +212,7 @@ def bf16(ctx: Context) -> list[Recommendation]:
     if total <= 0 or fp32 / total < FP32_MIN:
         return []
     r = on_gpu[0]
-    steps = max(sum(s.in_window for s in r.steps), 1)
+    steps = max(r.window_steps, 1)
     saved = 0.5 * (fp32 / total) * r.breakdown.compute_s / steps
     e = [ev(f"fp32 GEMM share of compute kernel time, rank {r.rank}", fp32 / total, FP32_MIN, "fraction",
             "Top kernels")]
@@ -290,14 +290,14 @@ def dp_bucket_curve(ctx: Context) -> list[Recommendation]:
     size): the exposed DP time shrinks like busbw now / busbw on the plateau.
     """
     a = ctx.axis("dp")
-    meta = ctx.d.facts or ctx.d.run or {}
+    meta = ctx.d.facts
     ops = [o for o in (ctx.d.comm.ops if ctx.d.comm else []) if o.axis == "dp" and o.op == "all_reduce"
            and o.achievable_gbps and o.plateau_gbps and o.plateau_bytes and o.median_bytes]
-    if a is None or not ops or not ctx.step_s or not meta.get("ddp_bucket_size"):
+    if a is None or not ops or not ctx.step_s or not meta.ddp_bucket_size:
         return []
     o = max(ops, key=lambda x: x.time_s)
     per_element = GRAD_BYTES
-    grads = (meta.get("parameter_count") or 0) * per_element / max(1, (meta.get("tp") or 1) * (meta.get("pp") or 1))
+    grads = (meta.parameter_count or 0) * per_element / max(1, (meta.tp or 1) * (meta.pp or 1))
     if o.achievable_gbps >= DP_CURVE_SHARE * o.plateau_gbps or o.plateau_bytes <= o.median_bytes \
             or not grads or o.plateau_bytes > grads:       # a bucket larger than all gradients never fills
         return []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..analysis.gantt import KINDS, PipelineGantt
-from ..analysis.results import Diagnosis
+from ..analysis.results import Diagnosis, steps_in_window
 
 # One colour per kind of time, the same on every chart.
 COLORS = {"compute": "#4c78a8", "forward": "#4c78a8", "backward": "#72b7b2", "optimizer": "#b279a2",
@@ -51,24 +51,20 @@ def why_empty(d: Diagnosis) -> dict[str, str]:
     return out
 
 
-def steps_in_window(d: Diagnosis) -> int:
-    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
-
-
 _PARTS = {"compute": lambda b: b.compute_s, "communication": lambda b: b.comm_s,
           "memory": lambda b: b.memory_s + b.other_s, "idle": lambda b: b.idle_s}
 
 
 def breakdown_peak_ms(d: Diagnosis) -> float:
     """The tallest rank's stacked bar in breakdown_bars, ms per step (to share a y-axis)."""
-    n = steps_in_window(d)
+    n = steps_in_window(d.ranks)
     return max((1e3 * sum(f(r.breakdown) for f in _PARTS.values()) / n for r in d.ranks), default=0.0)
 
 
 def breakdown_bars(d: Diagnosis, y_max_ms: Optional[float] = None):
     """Per rank, where the window's time goes, in ms per step, stacked; y_max_ms fixes the
     y-axis (two runs side by side on one scale)."""
-    go, n = _go(), steps_in_window(d)
+    go, n = _go(), steps_in_window(d.ranks)
     ranks = [f"rank {r.rank}" for r in d.ranks]
     fig = go.Figure([go.Bar(name=k, x=ranks, y=[1e3 * f(r.breakdown) / n for r in d.ranks],
                             marker_color=COLORS[k]) for k, f in _PARTS.items()])
@@ -80,7 +76,7 @@ def breakdown_bars(d: Diagnosis, y_max_ms: Optional[float] = None):
 
 def axis_exposure_bars(d: Diagnosis):
     """Per parallel axis: communication hidden behind compute and exposed, ms per step."""
-    go, n = _go(), steps_in_window(d)
+    go, n = _go(), steps_in_window(d.ranks)
     axes = d.comm.axes if d.comm else []
     names = [a.axis for a in axes]
     fig = go.Figure([go.Bar(name="hidden", x=names, y=[1e3 * (a.comm_s - a.exposed_s) / n for a in axes],
@@ -155,7 +151,7 @@ def wait_heatmap(d: Diagnosis):
     """Per rank, ms per step: the time in collectives (their instances' durations added), the
     exposed communication (the breakdown's, the Overview's "exp ms") and the part of the
     collectives spent waiting for the last rank; stragglers marked on the axis."""
-    go, n = _go(), steps_in_window(d)
+    go, n = _go(), steps_in_window(d.ranks)
     comm = {c.rank: c for c in (d.comm.ranks if d.comm else [])}
     slow = {r for s in (d.comm.stragglers if d.comm else []) for r in s.ranks}
     cols = ["collectives ms/step", "exposed ms/step", "wait ms/step"]
@@ -205,7 +201,7 @@ def compare_bars(a: Diagnosis, b: Diagnosis, names: tuple[str, str] = ("A", "B")
     """Mean per-rank breakdown of two runs side by side, ms per step."""
     go = _go()
     def mean_ms(d, f):
-        return 1e3 * sum(f(r.breakdown) for r in d.ranks) / max(1, len(d.ranks)) / steps_in_window(d)
+        return 1e3 * sum(f(r.breakdown) for r in d.ranks) / max(1, len(d.ranks)) / steps_in_window(d.ranks)
 
     fig = go.Figure([go.Bar(name=k, x=list(names), y=[mean_ms(a, f), mean_ms(b, f)], marker_color=COLORS[k])
                      for k, f in _PARTS.items()])

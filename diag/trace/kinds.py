@@ -112,7 +112,7 @@ def coll_from_host_op(name: str) -> Coll:
 # and by the suffixes NCCL puts in kernel names.
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "f32": 4, "double": 8, "float64": 8, "f64": 8,
-    "half": 2, "float16": 2, "f16": 2, "bfloat16": 2, "bf16": 2,
+    "half": 2, "float16": 2, "f16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp32": 4, "fp8": 1,
     "int": 4, "int32": 4, "i32": 4, "int32_t": 4, "uint32_t": 4, "u32": 4,
     "long": 8, "int64": 8, "i64": 8, "int64_t": 8, "uint64_t": 8, "u64": 8,
     "short": 2, "int16": 2, "byte": 1, "uint8": 1, "u8": 1, "uint8_t": 1,
