@@ -268,3 +268,13 @@ def test_an_empty_chart_says_why(tmp_path, monkeypatch):
     at = app(tmp_path, monkeypatch, "communication", run="dlrm")
     assert [i.value for i in at.info] == [md(f"no bus bandwidth to draw: {note}")]
     assert "record_shapes=True" in note
+
+
+def test_an_upper_bound_says_so(tmp_path, monkeypatch):
+    """DLRM's straggler recommendation removes the others' whole wait: its card says "Upper bound"."""
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "dlrm_4_ranks_alltoall"), tmp_path / "dlrm")
+    at = app(tmp_path, monkeypatch, "recommendations", run="dlrm")
+    from diag.runinputs import open_run
+    r = next(x for x in open_run(str(tmp_path / "dlrm")).recommendations if x.rule == "straggler")
+    assert r.upper_bound and metrics(at)["Upper bound step"] == f"{r.step_s_after * 1e3:,.1f} ms"
+    assert "Predicted step" not in metrics(at)

@@ -5,6 +5,7 @@ That it opens in Chromium without console errors is tested in test_dashboard_bro
 from __future__ import annotations
 
 import dataclasses
+import html
 import os
 import re
 
@@ -17,6 +18,7 @@ from diag.analysis.diagnose import job_layout, summaries_of
 from diag.analysis.gantt import rank_step
 from diag.cli import main
 from diag.report import charts
+from diag.report.fmt import short_kernel
 from diag.report.html import render_html
 from diag.trace import load_job
 from kineto import TraceBuilder
@@ -106,3 +108,20 @@ def test_many_steps_make_a_bounded_report(tmp_path):
     _many_steps(small, 200)
     sizes = [len(render_html(x)) for x in (d, diagnose(load_job(str(small))))]
     assert abs(sizes[0] - sizes[1]) < 20_000, sizes      # 15 times the steps, about the same page
+
+
+def test_recommendations_keep_checks_assumptions_and_say_upper_bound(tmp_path):
+    """DLRM's straggler recommendation is an upper bound (the others' whole wait removed): the
+    report says so, and keeps each check and assumption; long commands wrap (pre-wrap)."""
+    from diag.runinputs import open_run
+
+    d = open_run(DLRM)
+    r = next(x for x in d.recommendations if x.rule == "straggler")
+    assert r.upper_bound
+    page = render_html(d)
+    assert f"upper bound {r.step_s_after * 1e3:,.1f} ms" in page and "faster at best" in page
+    for line in [*(f"check: {c}" for c in r.checks), *(f"assumes: {a}" for a in r.assumptions)]:
+        assert f"<li>{html.escape(line)}</li>" in page
+    assert "white-space:pre-wrap" in page
+    top = d.ranks[0].top_kernels[0]
+    assert f"<td>{html.escape(short_kernel(top.name))}</td><td>{top.kind}</td><td>{top.count}</td>" in page
