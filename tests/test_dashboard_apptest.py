@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from streamlit.proto.Common_pb2 import FileURLs
 from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
-from streamlit.testing.v1 import AppTest
+from dashapp import app, metrics
 from test_straggler_sets import turns_job
 
 from diag.analysis import diagnose
@@ -27,7 +27,6 @@ from diag.dashboard_cmd import resolve_root, streamlit_argv
 from diag.trace import load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APP = os.path.join(ROOT, "dashboards", "app.py")
 SAMPLES = os.path.join(ROOT, "sample_traces")
 sys.path.insert(0, os.path.join(ROOT, "dashboards"))
 from diag_runs import clean_name, list_runs, safe_path, save_uploads  # noqa: E402
@@ -66,23 +65,6 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def diagnosis(root):
     return with_advice(diagnose(load_job(str(root / "tp2_pp2_dp2"))))
-
-
-def app(root, monkeypatch, page=None, run="tp2_pp2_dp2", **query) -> AppTest:
-    monkeypatch.setenv("DIAG_DASHBOARD_ROOT", str(root))
-    monkeypatch.setenv("DIAG_DASHBOARD_RUN", run)
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.query_params.update(query)
-    at.run()
-    if page:
-        at.switch_page(f"views/{page}.py")
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def metrics(at) -> dict:
-    return {m.label: m.value for m in at.metric}
 
 
 def test_overview_shows_the_diagnosis_numbers(root, monkeypatch, diagnosis):

@@ -16,13 +16,12 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from streamlit.testing.v1 import AppTest
+from dashapp import app
 
 from diag.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "sample_traces", "tp2_pp2_dp2")
-APP = os.path.join(ROOT, "dashboards", "app.py")
 
 
 def _analyze(fmt: str) -> str:
@@ -107,30 +106,18 @@ def dash(tmp_path_factory):
     return root
 
 
-def _page(root, monkeypatch, page=None) -> AppTest:
-    monkeypatch.setenv("DIAG_DASHBOARD_ROOT", str(root))
-    monkeypatch.setenv("DIAG_DASHBOARD_RUN", "tp2_pp2_dp2")
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    if page:
-        at.switch_page(f"views/{page}.py")
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def test_dashboard(truth, dash, monkeypatch):
-    at = _page(dash, monkeypatch)
+    at = app(dash, monkeypatch)
     assert {m.label: m.value for m in at.metric}["Step time"] == f"{truth['step_ms']:,.1f} ms"
     findings, ranks = at.dataframe[0].value, at.dataframe[1].value
     _close({w: _num(v) for w, v in zip(findings["where the time goes"], findings["ms/step"])}, truth["findings_ms"], 2)
     _close({int(r): _num(v) for r, v in zip(ranks["rank"], ranks["step ms"])}, truth["rank_step_ms"], 1)
     _close({int(r): _num(v) for r, v in zip(ranks["rank"], ranks["exp ms"])}, truth["rank_exposed_ms"], 2)
-    at = _page(dash, monkeypatch, "ranks")
+    at = app(dash, monkeypatch, "ranks")
     spec = json.loads(at.get("plotly_chart")[1].proto.spec)["data"][0]
     col = spec["x"].index("exposed ms/step")
     _close(dict(enumerate(row[col] for row in spec["z"])),
            dict(enumerate(truth["rank_exposed_ms"][k] for k in sorted(truth["rank_exposed_ms"]))), 6)
-    at = _page(dash, monkeypatch, "pipeline")
+    at = app(dash, monkeypatch, "pipeline")
     _close({int(m.label.split()[1]): _num(m.value) for m in at.metric if m.label.startswith("Stage ")},
            truth["bubble_pct"], 1)
