@@ -260,3 +260,24 @@ def test_an_upper_bound_says_so(tmp_path, monkeypatch):
     r = next(x for x in open_run(str(tmp_path / "dlrm")).recommendations if x.rule == "straggler")
     assert r.upper_bound and metrics(at)["Upper bound step"] == f"{r.step_s_after * 1e3:,.1f} ms"
     assert "Predicted step" not in metrics(at)
+
+
+def test_pipeline_gantt_shows_any_rank_of_a_stage(root, monkeypatch, diagnosis):
+    """Stage 1's selector offers ranks 4-7; picking rank 6 draws rank 6's step, the row the
+    analysis makes from rank 6's own trace (analysis.gantt.rank_step)."""
+    from diag.analysis.diagnose import job_layout, summaries_of
+    from diag.analysis.gantt import rank_step
+
+    at = app(root, monkeypatch, "pipeline")
+    box = at.selectbox(key="gantt_stage_1")
+    assert box.options == ["4", "5", "6", "7"] and box.value == 4
+    box.set_value(6).run()
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert {y for t in spec["data"] for y in t["y"]} == {y for t in spec["data"] for y in t["y"]
+                                                         if y.startswith(("stage 0 (rank 0)", "stage 1 (rank 6)"))}
+    job = load_job(str(root / "tp2_pp2_dp2"))
+    want = rank_step(next(r for r in job.ranks if r.rank == 6), step=diagnosis.gantt.rows[0].step,
+                     grid=job_layout(job, summaries_of(job)), min_idle_fraction=0.002)
+    send = next(t for t in spec["data"] if t["name"] == "send/recv")
+    drawn = sum(x for x, y in zip(send["x"], send["y"]) if y.startswith("stage 1"))
+    assert abs(drawn - 1e3 * want.total("send/recv")) < 1e-6

@@ -1,4 +1,6 @@
-"""Pipeline: one step of every stage as a Gantt chart, the bubble against the schedule's ideal."""
+"""Pipeline: one step of every stage as a Gantt chart (any rank of a stage), the bubble against the ideal."""
+import dataclasses
+
 import streamlit as st
 
 import ui
@@ -18,6 +20,15 @@ if d.pipeline:
 else:
     st.info("No pipeline parallelism known for this run (PP = 1, or the trace does not say: "
             "`diag analyze --pp`). The chart shows one step of each rank.")
+if g.rows and g.others:
+    # any rank of a stage in place of its first one (tp 0, dp 0): the analysis drew them all
+    by_stage = {r.stage: [r] for r in g.rows}
+    for r in g.others:
+        by_stage.setdefault(r.stage, []).append(r)
+    picked = [c.selectbox(f"Stage {stage}: rank", [r.rank for r in rows], key=f"gantt_stage_{stage}")
+              for c, (stage, rows) in zip(st.columns(len(by_stage)), by_stage.items())]
+    g = dataclasses.replace(g, rows=[r for stage_rows, rank in zip(by_stage.values(), picked)
+                                     for r in stage_rows if r.rank == rank])
 if g.rows:
     st.plotly_chart(charts.gantt_chart(g, d.pipeline.ideal_fraction if d.pipeline else None),
                     width="stretch")
