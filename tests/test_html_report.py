@@ -125,3 +125,15 @@ def test_recommendations_keep_checks_assumptions_and_say_upper_bound(tmp_path):
     assert "white-space:pre-wrap" in page
     top = d.ranks[0].top_kernels[0]
     assert f"<td>{html.escape(short_kernel(top.name))}</td><td>{top.kind}</td><td>{top.count}</td>" in page
+
+
+def test_gantt_marks_the_ideal_bubble():
+    """Under each stage's row, a bar as long as the ideal bubble of that row's step: (p-1)/(m+p-1)
+    worked by hand for the sample (p=2, m=2: a third of the step)."""
+    d = diagnose(load_job(SAMPLE))
+    assert (d.pipeline.p, d.pipeline.m) == (2, 2)
+    fig = charts.gantt_chart(d.gantt, d.pipeline.ideal_fraction)
+    marks = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(marks) == len(d.gantt.rows) == 2
+    for m, row in zip(marks, d.gantt.rows):
+        assert abs(m.x1 - 1e3 * row.step_s / 3) < 1e-9 and m.x0 == 0

@@ -189,12 +189,27 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
                 name="gap" if kind == "idle" else kind, orientation="h", y=[y for y, _ in segs], x=[1e3 * (s.end_s - s.start_s) for _, s in segs],
                 base=[1e3 * s.start_s for _, s in segs], marker_color=COLORS[kind], marker_line_width=0,
                 hovertemplate=f"{kind}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
-    fig.update_layout(barmode="overlay", bargap=0.35)
+    fig.update_layout(barmode="overlay", bargap=0.45)    # bars end 0.275 below their row: the ideal mark fits
     fig.update_yaxes(autorange="reversed")
+    if ideal_fraction is not None:
+        _mark_ideal_bubble(fig, g, ideal_fraction)
     step = g.rows[0].step if g.rows else "-"
     ideal = "" if ideal_fraction is None else f"; ideal bubble {100 * ideal_fraction:.1f}% of the step"
-    return _layout(fig, f"One step per stage (ProfilerStep#{step}), {g.timeline} timeline{ideal}", "ms from step start",
-                   "", height=max(260, 90 * len(g.rows) + 140))
+    fig = _layout(fig, f"One step per stage (ProfilerStep#{step}), {g.timeline} timeline{ideal}", "ms from step start",
+                  "", height=max(300, 90 * len(g.rows) + 180))
+    fig.update_layout(legend=dict(y=-0.3))               # below the axis title
+    return fig
+
+
+def _mark_ideal_bubble(fig, g: PipelineGantt, ideal_fraction: float) -> None:
+    """Under each row, a thin bar as long as the schedule's ideal bubble of that row's step (its
+    total, wherever the schedule puts it), to hold the row's gaps against."""
+    go = _go()
+    for i, r in enumerate(g.rows):           # category i sits at y = i; the axis runs downwards
+        fig.add_shape(type="rect", xref="x", yref="y", x0=0, x1=1e3 * ideal_fraction * r.step_s,
+                      y0=i + 0.3, y1=i + 0.4, fillcolor="#333", opacity=0.6, line_width=0)
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color="#333", width=4),
+                             name=f"ideal bubble ({100 * ideal_fraction:.1f}% of the step, its total length)"))
 
 
 def compare_bars(a: Diagnosis, b: Diagnosis, names: tuple[str, str] = ("A", "B")):
