@@ -14,7 +14,8 @@ what the trace itself settled (layout, model shape from GEMMs). Every field is o
 from another program has none of them, and an unknown fact stays None, never a guess.
 
 Schema history (docs/run_metadata.md): 1 the first trainer's record; 2 the same fields typed and
-range-checked, plus layout dims, cp/ep/dp_shard, num_query_groups, swiglu, virtual stages.
+range-checked, plus layout dims, cp/ep/dp_shard, num_query_groups, swiglu, virtual stages, the
+memory levers (sequence parallelism, ZeRO / sharding strategy, recompute) and memory (peak, capacity).
 A version this diag does not know is refused with a message, not half-read.
 """
 from __future__ import annotations
@@ -80,6 +81,13 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     virtual_pipeline_stages: Optional[Size] = None
     overlap_grad_reduce: Optional[bool] = None
     ddp_bucket_size: Optional[Count] = None
+    sequence_parallel: Optional[bool] = None
+    use_distributed_optimizer: Optional[bool] = None          # ZeRO-1, as Megatron-LM
+    data_parallel_sharding_strategy: Optional[Name] = None    # no_shard | optim | optim_grads | optim_grads_params
+    recompute_granularity: Optional[Name] = None              # full | selective
+    # memory: measured peak (the largest over ranks) and the device's capacity, bytes
+    peak_memory_bytes: Optional[Count] = None
+    memory_per_gpu_bytes: Optional[Count] = None
     # provenance
     train_iters: Optional[Count] = None
     lr: Optional[float] = None

@@ -143,6 +143,14 @@ def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, notes: list) -> float
     return per_rank * shards
 
 
+def _schedule(meta: RunFacts) -> dict:
+    """The model's schedule and virtual stages for the run's: one chunk per rank is plain 1F1B."""
+    sched, v = model_schedule(meta.pipeline_schedule), int(meta.virtual_pipeline_stages or 1)
+    if sched != "interleaved" or v < 2:
+        return {"schedule": "1f1b" if sched == "interleaved" else sched, "virtual_stages": 1}
+    return {"schedule": sched, "virtual_stages": v}
+
+
 def calibrate(d: Diagnosis) -> Calibration:
     meta = d.facts
     tp, pp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1))
@@ -158,7 +166,8 @@ def calibrate(d: Diagnosis) -> Calibration:
     per_stage_halves = m * HALVES * layers // pp
     launch = float(np.median(idle)) / per_stage_halves
     mean_c = float(np.mean(compute))
-    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO))
+    recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
+    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO + (recompute == "full")))
     slowdown = {s: c / mean_c for s, c in enumerate(compute)} if pp > 1 else {}
     notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1, from {mean_c * 1e3:.3g} ms "
                  f"compute per stage per step (optimizer, embedding and loss folded in)")
@@ -170,9 +179,9 @@ def calibrate(d: Diagnosis) -> Calibration:
     grad = _grad_bytes(d, meta, tp * pp, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch)
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
-               schedule=model_schedule(meta.pipeline_schedule),
+               **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
                bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7))
     tokens = d.throughput.tokens_per_step if d.throughput else None

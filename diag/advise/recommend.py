@@ -7,6 +7,7 @@ crosses its threshold it says so plainly instead of inventing a change.
 from __future__ import annotations
 
 from ..analysis.results import Diagnosis
+from . import memory as mem
 from .calibrate import CalibrationError, calibrate
 from .propose import Context
 from .results import Advice, Basis, Recommendation
@@ -26,11 +27,16 @@ def advise(d: Diagnosis) -> Advice:
         notes = list(cal.assumptions)
     except CalibrationError as e:
         cal, notes = None, [f"{e}; only rules that need no model were tried"]
-    ctx = Context(d=d, cal=cal, step_s=step)
+    memory, mem_config, capacity, mem_notes = mem.of_diagnosis(d)
+    notes += mem_notes + ([f"device memory {mem.human(capacity)} per GPU"] if capacity else
+                          ["device memory unknown (--memory-per-gpu): recommendations are not checked for fit"])
+    ctx = Context(d=d, cal=cal, step_s=step, memory=memory, mem_config=mem_config, capacity=capacity,
+                  memory_unknown=mem_notes[0] if memory is None else "")
     recs: list[Recommendation] = []
     for rule in RULES:
         recs += rule(ctx)
     recs.sort(key=_saved, reverse=True)
+    notes += [f"dropped, does not fit: {x}" for x in ctx.dropped]
     nothing = None
     if not recs:
         nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "

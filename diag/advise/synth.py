@@ -141,6 +141,7 @@ def run_meta(config: Config, workload: Workload, shape: Shape, device_name: str)
         ffn_hidden_size=shape.ffn_hidden_size, dtype="bf16", device="cuda", device_name=device_name,
         peak_flops=shape.peak_flops, pipeline_schedule=c.schedule, virtual_pipeline_stages=c.virtual_stages,
         overlap_grad_reduce=c.overlap_grad_reduce, ddp_bucket_size=int(c.bucket_bytes // 2),
+        recompute_granularity="full" if workload.recompute == "full" else None,
         backend="nccl", command="synthesised by diag.advise.synth")
 
 

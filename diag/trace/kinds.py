@@ -73,6 +73,20 @@ class Coll(IntEnum):
     SCATTER = 12
 
 
+def op_name(c: Coll) -> str:
+    """The name diag shows and writes for an operation: 'all_reduce', 'send', 'send_recv', ..."""
+    return Coll(c).name.lower()
+
+
+def bench_op(c: Coll) -> str | None:
+    """The `diag bench` (collbench) op that measures c: point-to-point ops are all `send_recv`."""
+    c = Coll(c)
+    if c in (Coll.SEND, Coll.RECV, Coll.SEND_RECV):
+        return "send_recv"
+    return op_name(c) if c in (Coll.ALL_REDUCE, Coll.ALL_GATHER, Coll.REDUCE_SCATTER, Coll.BROADCAST,
+                                Coll.ALL_TO_ALL) else None
+
+
 _COLL_WORDS = {
     "allreduce": Coll.ALL_REDUCE, "allgather": Coll.ALL_GATHER,
     "reducescatter": Coll.REDUCE_SCATTER, "alltoall": Coll.ALL_TO_ALL,
