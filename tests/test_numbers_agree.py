@@ -91,8 +91,10 @@ def test_html_report(truth):
 
 def _heatmap(page: str, title: str) -> list[float]:
     """The 'exposed ms/step' column of the wait heatmap whose layout title starts with `title`."""
-    for m in re.finditer(r"Plotly\.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*(\{.*?\}),\s*\{", page, re.S):
-        data, layout = json.loads(m.group(1)), json.loads(m.group(2))
+    decode = json.JSONDecoder().raw_decode
+    for m in re.finditer(r"Plotly\.newPlot\(\s*\"[^\"]+\",\s*", page):
+        data, end = decode(page, m.end())
+        layout, _ = decode(page, re.compile(r",\s*").match(page, end).end())
         if layout["title"]["text"].startswith(title):
             col = data[0]["x"].index("exposed ms/step")
             return [row[col] for row in data[0]["z"]]

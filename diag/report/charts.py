@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ..analysis.gantt import KINDS, PipelineGantt
 from ..analysis.results import Diagnosis, steps_in_window
 
@@ -111,8 +113,6 @@ MAX_STEP_COLUMNS = 200      # a heatmap of a million steps would be a million ce
 
 def _block_means(z, per: int):
     """Mean of each run of `per` columns, ignoring missing steps (nan; a run with none stays nan)."""
-    import numpy as np
-
     pad = np.full((z.shape[0], -z.shape[1] % per), np.nan)
     blocks = np.concatenate([z, pad], axis=1).reshape(z.shape[0], -1, per)
     counts = (~np.isnan(blocks)).sum(axis=2)
