@@ -123,8 +123,6 @@ def _block_means(z, per: int):
 def step_heatmap(d: Diagnosis):
     """Host step time per rank and ProfilerStep, in ms; past MAX_STEP_COLUMNS steps each column is
     the mean of a run of consecutive steps (the title says how many), so the figure stays small."""
-    import numpy as np
-
     go = _go()
     numbers = sorted({s.number for r in d.ranks for s in r.steps})
     col = {n: i for i, n in enumerate(numbers)}
