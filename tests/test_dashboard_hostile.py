@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from browser import chromium, console_errors, dashboard_server  # noqa: F401
+from browser import chromium, dashboard_server
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
