@@ -61,6 +61,9 @@ class StageStep:
 class PipelineGantt:
     timeline: str                      # "gpu" | "host"
     rows: list[StageStep] = field(default_factory=list)
+    # the same step of the stages' other ranks (tp/dp > 0), up to max_rows of them: a viewer may
+    # show any rank of a stage in place of its row
+    others: list[StageStep] = field(default_factory=list)
     note: str = ("one rank per stage (tp 0, dp 0), the same ProfilerStep on each; times from each rank's "
                  "own step start; communication under compute is hidden and not drawn; idle gaps under "
                  "0.2% of the step drawn as their neighbours")
@@ -209,12 +212,15 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
     ranks: (GanttInput, RankComms) per rank, the comms attributed to axes with `grid`."""
     by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
     staged = grid is not None and (grid.layout is not None or grid.pp > 1)
+    others: list[int] = []
     if staged:
         picks = []
         for s in range(grid.pp):
             stage_ranks = [r for r in sorted(by_rank) if grid.stage(r) == s]
             if stage_ranks:          # the lowest rank of the stage: tp 0, dp 0 where it was loaded
                 picks.append(stage_ranks[0])
+                others += stage_ranks[1:]
+        others = others[:max_rows]
     else:
         picks = sorted(by_rank)[:max_rows]
     timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"
@@ -230,4 +236,5 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
         row = step_row(*by_rank[r], step=first.step, **kw) or step_row(*by_rank[r], **kw)
         if row is not None:
             out.rows.append(row)
+    out.others = [row for r in others if (row := step_row(*by_rank[r], step=first.step, **kw)) is not None]
     return out
