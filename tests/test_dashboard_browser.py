@@ -16,6 +16,7 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from diag.analysis import diagnose  # noqa: E402
+from diag.advise.recommend import with_advice  # noqa: E402
 from diag.dashboard_cmd import free_port  # noqa: E402
 from diag.report.html import render_html  # noqa: E402
 from diag.trace import load_job  # noqa: E402
@@ -64,6 +65,11 @@ def test_every_page_renders_in_chromium(tmp_path):
             _wait_page(driver, title, charts)
             driver.save_screenshot(os.path.join(OUT, f"{title.lower()}.png"))
             assert _problems_on_page(driver) == [], title
+            sidebar = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"]').text
+            assert "Open: tp2_pp2_dp2" in sidebar, (title, sidebar)      # moving between pages keeps the run
+            picker = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stSelectbox"]')
+            shown = picker.find_element(By.CSS_SELECTOR, "input").get_attribute("value")
+            assert shown == "tp2_pp2_dp2", (title, shown, picker.get_attribute("innerHTML")[:3000])   # and the picker shows it
             assert console_errors(driver) == [], title
             if title == "Overview":
                 values = [e.text for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stMetricValue"]')]
@@ -71,13 +77,13 @@ def test_every_page_renders_in_chromium(tmp_path):
 
 
 def load_step_ms() -> float:
-    return diagnose(load_job(SAMPLE)).throughput.step_time_s * 1e3
+    return with_advice(diagnose(load_job(SAMPLE))).throughput.step_time_s * 1e3
 
 
 def test_html_report_opens_without_console_errors(tmp_path):
     os.makedirs(OUT, exist_ok=True)
     job = load_job(SAMPLE)
-    d = diagnose(job)
+    d = with_advice(diagnose(job))
     page = tmp_path / "report.html"
     page.write_text(render_html(d, d.gantt), encoding="utf-8")
     with chromium() as driver:

@@ -10,7 +10,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-SCHEMA_VERSION = "1.1"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null
+from ..runmeta import RunFacts
+
+SCHEMA_VERSION = "1.2"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment
 
 
 @dataclass
@@ -78,6 +80,16 @@ class RankResult:
     excluded_events: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def window_steps(self) -> int:
+        """Steps of this rank inside the analysed window (the last step is left out, as HTA does)."""
+        return sum(s.in_window for s in self.steps)
+
+
+def steps_in_window(ranks: list[RankResult]) -> int:
+    """The job's steps in the analysed window, at least 1: what every per-step figure divides by."""
+    return max((r.window_steps for r in ranks), default=0) or 1
+
 
 @dataclass
 class Problem:
@@ -95,16 +107,17 @@ class Diagnosis:
     problems: list[Problem] = field(default_factory=list)
     other_runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    run: Optional[dict] = None            # diag_run.json, when the trainer wrote one
+    run: Optional[RunFacts] = None        # diag_run.json as written, when the trainer wrote one
     layout: Optional[str] = None          # "layout pp2 × dp2 × tp2, from process-group names"; None: unknown
     layout_dims: Optional[list] = None    # [[axis, size], ...] outermost first, when the grid is known
-    facts: dict = field(default_factory=dict)   # the run's facts as used: diag_run.json < --config < flags
+    facts: RunFacts = field(default_factory=RunFacts)   # the run's facts as used: diag_run.json < --config < flags
                                                 # < the trace (GEMM shapes, layout): Megatron names
     comm: Optional["CommAnalysis"] = None
     findings: list["Finding"] = field(default_factory=list)
     pipeline: Optional["Pipeline"] = None
     throughput: Optional["Throughput"] = None
     recommendations: list = field(default_factory=list)   # diag.advise.results.Recommendation, best first
+    advice_basis: Optional[object] = None  # diag.advise.results.Basis: what they rest on (set with them)
     gantt: Optional[object] = None        # analysis.gantt.PipelineGantt: one step of every stage
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
@@ -181,6 +194,9 @@ class Straggler:
     basis: StragglerBasis = StragglerBasis.COLLECTIVES
     who: str = ""                      # the set in words: "rank 2", "ranks 3 and 6", "ranks 8-15 (node h1)"
     node: Optional[str] = None         # the host, for kind "node"
+    # basis "collectives": [rank, ts_us, dur_us] of the members' arrivals at the collectives they
+    # delayed, on each member's own trace clock (the file's ts, us): the largest delays, up to 200
+    arrivals: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ranks = self.ranks or [self.rank]
@@ -195,6 +211,31 @@ class CommAnalysis:
     stragglers: list[Straggler] = field(default_factory=list)
     stragglers_unknown: Optional[str] = None   # why collectives cannot tell who is late (nothing matched)
     notes: list[str] = field(default_factory=list)
+    clock: Optional["ClockAlignment"] = None   # the ranks' clocks set against each other (analysis.clocks)
+
+
+@dataclass
+class ClockShift:
+    """How one rank's trace clock is moved onto the reference rank's."""
+
+    rank: int
+    offset_ns: Optional[int]           # added to the rank's trace times; None: nothing tied it to the reference
+    via: Optional[int] = None          # the rank whose clock it was set against (itself for the reference)
+    instances: int = 0                 # matched collectives the offset is the median over
+    spread_ns: Optional[int] = None    # their median absolute deviation from it: how well the ends agree
+
+
+@dataclass
+class ClockAlignment:
+    """Hosts' clocks are not aligned: each rank's offset, from the ends of matched collectives."""
+
+    reference: Optional[int]           # the rank whose clock the others are moved onto; None: none aligned
+    shifts: list[ClockShift] = field(default_factory=list)
+    basis: str = ("a collective ends at the same moment on every rank of its group (its start differs by "
+                  "the wait): per pair of ranks, the median over matched instances of the difference of "
+                  "their ends; pairs chained from the reference along the most-matched collectives first, "
+                  "pipeline send/recv only where no collective reaches a rank")
+    unknown: Optional[str] = None      # why some or all ranks keep their raw clocks
 
 
 class FindingKind(str, enum.Enum):
