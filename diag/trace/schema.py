@@ -293,21 +293,24 @@ def chunk_ranges(array) -> list[tuple[int, int]]:
 def decode_events(buf) -> list:
     """A JSON array of events: TypedEvents when every event has the usual types, else Events;
     items that are no readable event (null, a number, a value past float64's range) are left
-    out and counted (EventList.unreadable). Raises msgspec.DecodeError on malformed JSON."""
+    out and counted (EventList.unreadable). Raises msgspec.DecodeError on malformed JSON, and
+    ValidationError when no item at all is an event."""
     try:
         return _typed_decoder.decode(buf)
     except msgspec.ValidationError:
         pass
     try:
         return _events_decoder.decode(buf)
-    except msgspec.ValidationError:
-        pass
+    except msgspec.ValidationError as e:
+        problem = e
     out = EventList()
     for raw in _raw_list_decoder.decode(buf):      # rare: one item at a time
         try:
             out.append(_event_decoder.decode(raw))
         except msgspec.ValidationError:
             out.unreadable += 1
+    if out.unreadable and not out:
+        raise problem                   # not one event: no trace (`[1, 2, 3]`), say why
     return out
 
 
