@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-SCHEMA_VERSION = "1.1"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null
+SCHEMA_VERSION = "1.2"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: flight_recorder
 
 
 @dataclass
@@ -106,6 +106,7 @@ class Diagnosis:
     throughput: Optional["Throughput"] = None
     recommendations: list = field(default_factory=list)   # diag.advise.results.Recommendation, best first
     gantt: Optional[object] = None        # analysis.gantt.PipelineGantt: one step of every stage
+    flight_recorder: Optional["FlightRecord"] = None   # analysis.frresults: hang and timings from FR dumps
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 
