@@ -13,7 +13,7 @@ from ..trace.errors import TraceError
 from ..trace.flightrec import FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
-from .hang import group_members, hang_groups, name_axes
+from .hang import cause_ranks, group_members, hang_groups, name_axes
 from .results import Diagnosis, Problem
 
 
@@ -43,6 +43,7 @@ def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
                       entries=len(times), first_ns=min(times, default=None), last_ns=max(times, default=None),
                       layout=grid.describe())
     fr.groups = hang_groups(dumps, groups, grid)
+    fr.cause = cause_ranks(fr.groups)
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" else g.desc or "unknown" for g in fr.groups}
     fr.timings = op_timings(found, axis_of)

@@ -32,6 +32,7 @@ class FRGroup:
     mismatch_seq: Optional[int] = None                    # the first collective entered with different op/size
     mismatch: Optional[str] = None
     undumped: list[int] = field(default_factory=list)     # members without a dump: their state is unknown
+    blocked: list[int] = field(default_factory=list)      # missing members that wait in another group's collective
     verdict: str = ""                 # the one line a person acts on
 
     @property
@@ -75,7 +76,8 @@ class FlightRecord:
     first_ns: Optional[int]           # the buffers' time range (host clock)
     last_ns: Optional[int]
     layout: Optional[str] = None      # how the groups were named by axis
-    groups: list[FRGroup] = field(default_factory=list)
+    groups: list[FRGroup] = field(default_factory=list)   # the cause first, then the groups stuck behind it
+    cause: list[int] = field(default_factory=list)        # ranks others wait for that wait for nobody
     timings: list[FROpTiming] = field(default_factory=list)
     late: list[FRLate] = field(default_factory=list)
     late_basis: str = ""              # how lateness was measured

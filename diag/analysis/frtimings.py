@@ -28,6 +28,7 @@ from .hang import entry_bytes, op_word
 WINDOWS = 8                    # the buffer's time split in this many windows
 LATE_MS_PER_S = 100.0          # others' wait for one rank per second of run that counts as late (10%)
 LATE_LEAD = 3.0                # ... and at least this many times any other rank's
+LATE_MIN_MS = 50.0             # ... and at least this much in the window (short buffers are all noise)
 
 
 def instances(dumps: list[FRDump], groups: dict) -> list[tuple[str, list[FREntry], list[int]]]:
@@ -127,7 +128,7 @@ def _late(waited: dict, edges: np.ndarray, width_s: float) -> list[FRLate]:
     rate = {r: waited[r] / width_s for r in ranks}          # ms of others' wait per s
     for r in ranks:
         others = np.max([rate[o] for o in ranks if o != r], axis=0) if len(ranks) > 1 else np.zeros(WINDOWS)
-        late = (rate[r] >= LATE_MS_PER_S) & (rate[r] >= LATE_LEAD * others)
+        late = (rate[r] >= LATE_MS_PER_S) & (rate[r] >= LATE_LEAD * others) & (waited[r] >= LATE_MIN_MS)
         if not late.any():
             continue
         since, until = int(np.argmax(late)), WINDOWS - int(np.argmax(late[::-1]))   # first late, after last

@@ -125,7 +125,24 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout) -> list[FRGroup]:
-    """Every group's state, stuck groups first (those with a member missing before a mismatch)."""
+    """Every group's state, the cause first: a group whose missing ranks wait in no collective
+    themselves; then the groups stuck because a member waits elsewhere; then mismatches; then the rest."""
     by = {d.rank: d for d in dumps}
     out = [group_state(name, desc, ranks, by, grid) for name, (desc, ranks) in groups.items() if ranks]
-    return sorted(out, key=lambda g: (not g.missing, g.mismatch is None, len(g.ranks)))
+    inside = {}
+    for g in out:
+        for w in g.waiting:
+            inside.setdefault(w.rank, g)
+    for g in out:
+        elsewhere = [r for r in g.missing if r in inside and inside[r] is not g]
+        g.blocked = elsewhere
+        for r in elsewhere:
+            o = inside[r]
+            g.verdict += f"; rank {r} itself waits in {o.verdict.split(':')[0]} {o.next_op} #{o.next_seq}"
+    return sorted(out, key=lambda g: (not g.missing, bool(g.blocked), g.mismatch is None, len(g.ranks)))
+
+
+def cause_ranks(groups: list[FRGroup]) -> list[int]:
+    """Ranks some group waits for that wait in no collective themselves: where to look first."""
+    waiting = {w.rank for g in groups for w in g.waiting}
+    return sorted({r for g in groups for r in g.missing} - waiting)

@@ -25,7 +25,10 @@ def hang_lines(fr) -> list[str]:
     stuck = fr.hangs
     if not stuck:
         return ["no hang: in every group, every dumped member entered the same last collective"]
-    return [f"hang: {g.verdict}" for g in stuck]
+    head = ([f"hang: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
+             f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"]
+            if fr.cause else [])
+    return head + [f"hang: {g.verdict}" for g in stuck]
 
 
 def late_lines(fr) -> list[str]:

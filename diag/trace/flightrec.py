@@ -84,7 +84,8 @@ def is_dump(path: str) -> bool:
 
 
 def dump_files(root: str) -> list[str]:
-    """Dump files in `root` itself or in its flightrec/comm_traces folders (a file: itself)."""
+    """Dump files in `root` itself (those whose content is a dump's) or in its flightrec/comm_traces
+    folders (every file named with a rank: a bad one is then reported, not skipped); a file: itself."""
     if os.path.isfile(root):
         return [root] if is_dump(root) else []
     out = []
@@ -93,7 +94,8 @@ def dump_files(root: str) -> list[str]:
             continue
         for name in sorted(os.listdir(folder)):
             p = os.path.join(folder, name)
-            if os.path.isfile(p) and not os.path.islink(p) and _RANK_IN_NAME.search(name) and is_dump(p):
+            if os.path.isfile(p) and not os.path.islink(p) and _RANK_IN_NAME.search(name) \
+                    and (folder != root or is_dump(p)) and not name.endswith(".partial"):
                 out.append(p)
     return out
 
@@ -103,7 +105,7 @@ def read_dump(path: str) -> FRDump:
     m = _RANK_IN_NAME.search(os.path.basename(path))
     if not m:
         raise TraceError(path, "no rank number at the end of the file name (PyTorch names dumps <prefix><rank>)")
-    raw = _raw(path)
+    raw = load_plain(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
         raise TraceError(path, "not a Flight Recorder dump: no 'entries' list at the top")
     dump = FRDump(path, int(m.group(1)), str(raw.get("version", "")), _groups(path, raw.get("pg_config")))
@@ -112,7 +114,8 @@ def read_dump(path: str) -> FRDump:
     return dump
 
 
-def _raw(path: str):
+def load_plain(path: str):
+    """The dump's plain containers (dicts, lists, strings, numbers), JSON or pickle; TraceError else."""
     try:
         size = os.path.getsize(path)
         if size > MAX_DUMP_BYTES:
