@@ -29,6 +29,7 @@ WINDOWS = 8                    # the buffer's time split in this many windows
 LATE_MS_PER_S = 100.0          # others' wait for one rank per second of run that counts as late (10%)
 LATE_LEAD = 3.0                # ... and at least this many times any other rank's
 LATE_MIN_MS = 50.0             # ... and at least this much in the window (short buffers are all noise)
+LATE_WINDOWS = 2               # ... in two windows at least: one hiccup on a shared host is no slowdown
 
 
 def instances(dumps: list[FRDump], groups: dict) -> list[tuple[str, list[FREntry], list[int]]]:
@@ -98,6 +99,11 @@ def _op_stat(key: tuple, a: dict) -> FROpTiming:
 
 def late_ranks(found: list) -> tuple[list[FRLate], str, Optional[str]]:
     """Ranks the others wait for, window by window; (late, basis, why unknown)."""
+    first = {}
+    for pg, entries, _ in found:
+        first[pg] = min(first.get(pg, entries[0].seq), entries[0].seq)
+    # a group's first collective also waits for the slowest process start-up: not a slowdown
+    found = [f for f in found if f[1][0].seq != first[f[0]]]
     if not found:
         return [], "", "no collective was recorded by every member of its group"
     starts = np.array([min(e.created_ns for e in es) for _, es, _ in found], np.int64)
@@ -129,7 +135,7 @@ def _late(waited: dict, edges: np.ndarray, width_s: float) -> list[FRLate]:
     for r in ranks:
         others = np.max([rate[o] for o in ranks if o != r], axis=0) if len(ranks) > 1 else np.zeros(WINDOWS)
         late = (rate[r] >= LATE_MS_PER_S) & (rate[r] >= LATE_LEAD * others) & (waited[r] >= LATE_MIN_MS)
-        if not late.any():
+        if late.sum() < LATE_WINDOWS:
             continue
         since, until = int(np.argmax(late)), WINDOWS - int(np.argmax(late[::-1]))   # first late, after last
         before = float(rate[r][:since].mean()) if since else 0.0

@@ -35,7 +35,7 @@ def late_lines(fr) -> list[str]:
     if fr.late_unknown:
         return [f"late ranks: cannot tell ({fr.late_unknown})"]
     if not fr.late:
-        return ["late ranks: none (no rank made the others wait 100 ms per s of run or more)"]
+        return ["late ranks: none (no rank made the others wait 100 ms per s of run or more in two windows of the buffer)"]
     return [f"late: rank {x.rank} from {_clock(x.since_ns)}" + (f" to {_clock(x.until_ns)}" if x.until_ns else "")
             + f": {x.evidence}" for x in fr.late]
 

@@ -93,3 +93,45 @@ class FlightRecorder:
                 elif sig == signal.SIGTERM:      # stopped: dump, then end as a SIGTERM would (a shell's
                     self.dump("SIGTERM")         # 128 + 15); only the main thread may reset a handler
                     os._exit(128 + signal.SIGTERM)
+
+
+class SeqReader:
+    """Per process group, the sequence number of the last operation this rank entered and
+    completed (the recorder's `pg_status`; it counts point-to-point operations too), for /metrics.
+
+    Read at scrape time from the recorder's small status part, keyed by the local pg id. The id ->
+    (name, description) map comes from the entries, read in full only when an unknown id shows up
+    (a new group), so a scrape costs microseconds, not a dump. Gloo records no send/recv entries,
+    so a group with only those (a pipeline's) is named from torch's own table of this process's
+    groups in creation order (the order the ids are given in), used only where it agrees with
+    every id the entries name.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[str, tuple[str, str]] = {}
+        self._tried: set[str] = set()      # ids looked up once already: never a full dump per scrape
+
+    def groups(self) -> list[tuple[str, str, int, int]]:
+        """[(pg name, description, last entered, last completed)]; [] when the recorder is off."""
+        import json
+
+        import torch  # noqa: PLC0415 - only in a trainer process
+
+        c10d = torch._C._distributed_c10d
+        status = json.loads(c10d._dump_fr_trace_json(False, False)).get("pg_status", {})
+        if any(pg not in self._names and pg not in self._tried for pg in status):
+            self._tried |= set(status)
+            named = {str(e["pg_id"]): tuple(e["process_group"])
+                     for e in json.loads(c10d._dump_fr_trace_json(True, False)).get("entries", [])}
+            table = _creation_order()
+            self._names = {**table, **named} if all(table.get(k) == v for k, v in named.items()) else named
+        return [(*self._names[pg], int(v["last_enqueued_collective"]), int(v["last_completed_collective"]))
+                for pg, v in sorted(status.items()) if pg in self._names]
+
+
+def _creation_order() -> dict[str, tuple[str, str]]:
+    """Local pg id -> (name, description) as torch created this process's groups."""
+    from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415
+
+    return {str(i): (name, getattr(pg, "group_desc", "") or "")
+            for i, (pg, name) in enumerate(c10d._world.pg_names.items())}
