@@ -47,7 +47,7 @@ def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" else g.desc or "unknown" for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
-    fr.late, fr.late_basis, fr.late_unknown = late_ranks(found)
+    fr.late, fr.late_basis, fr.late_unknown, fr.late_window_s = late_ranks(found)
     if any(e.p2p for d in dumps for e in d.entries):
         fr.notes.append("point-to-point entries (send/recv) are not matched: their sequence numbers are per pair")
     if not any(g.ranks for g in fr.groups):

@@ -82,6 +82,7 @@ class FlightRecord:
     late: list[FRLate] = field(default_factory=list)
     late_basis: str = ""              # how lateness was measured
     late_unknown: Optional[str] = None
+    late_window_s: Optional[float] = None   # the windows' length (the buffer after each group's first collective / 8)
     notes: list[str] = field(default_factory=list)
 
     @property

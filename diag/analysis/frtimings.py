@@ -30,6 +30,7 @@ LATE_MS_PER_S = 100.0          # others' wait for one rank per second of run tha
 LATE_LEAD = 3.0                # ... and at least this many times any other rank's
 LATE_MIN_MS = 50.0             # ... and at least this much in the window (short buffers are all noise)
 LATE_WINDOWS = 2               # ... in two windows at least: one hiccup on a shared host is no slowdown
+LATE_OF_TYPICAL = 0.3          # ... each at least 30% of its typical late window's (noise before a slowdown)
 
 
 def instances(dumps: list[FRDump], groups: dict) -> list[tuple[str, list[FREntry], list[int]]]:
@@ -97,21 +98,21 @@ def _op_stat(key: tuple, a: dict) -> FROpTiming:
                       wait_median_s=_med(a["wait"]), busbw_median_gbps=_med(a["bw"]), unknown=why)
 
 
-def late_ranks(found: list) -> tuple[list[FRLate], str, Optional[str]]:
-    """Ranks the others wait for, window by window; (late, basis, why unknown)."""
+def late_ranks(found: list) -> tuple[list[FRLate], str, Optional[str], Optional[float]]:
+    """Ranks the others wait for, window by window; (late, basis, why unknown, window seconds)."""
     first = {}
     for pg, entries, _ in found:
         first[pg] = min(first.get(pg, entries[0].seq), entries[0].seq)
     # a group's first collective also waits for the slowest process start-up: not a slowdown
     found = [f for f in found if f[1][0].seq != first[f[0]]]
     if not found:
-        return [], "", "no collective was recorded by every member of its group"
+        return [], "", "no collective was recorded by every member of its group", None
     starts = np.array([min(e.created_ns for e in es) for _, es, _ in found], np.int64)
     t0, t1 = int(starts.min()), int(starts.max()) + 1
     edges = np.linspace(t0, t1, WINDOWS + 1)
     width_s = (t1 - t0) / WINDOWS / 1e9
     if width_s <= 0:
-        return [], "", "the buffer spans no time"
+        return [], "", "the buffer spans no time", None
     win = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, WINDOWS - 1)
     waited: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(WINDOWS))
     timed = 0
@@ -125,7 +126,7 @@ def late_ranks(found: list) -> tuple[list[FRLate], str, Optional[str]]:
              ("from durations (no clocks)" if timed == len(found) else
               "from the hosts' entry times (assumes their clocks agree)") +
              f"; the others' wait per second of run, in {WINDOWS} windows of {width_s:.3g} s")
-    return _late(waited, edges, width_s), basis, None
+    return _late(waited, edges, width_s), basis, None, width_s
 
 
 def _late(waited: dict, edges: np.ndarray, width_s: float) -> list[FRLate]:
@@ -137,12 +138,27 @@ def _late(waited: dict, edges: np.ndarray, width_s: float) -> list[FRLate]:
         late = (rate[r] >= LATE_MS_PER_S) & (rate[r] >= LATE_LEAD * others) & (waited[r] >= LATE_MIN_MS)
         if late.sum() < LATE_WINDOWS:
             continue
-        since, until = int(np.argmax(late)), WINDOWS - int(np.argmax(late[::-1]))   # first late, after last
+        late &= rate[r] >= LATE_OF_TYPICAL * np.median(rate[r][late])   # a hiccup before a slowdown
+        since, until = _episode(late)
+        if until - since < LATE_WINDOWS:
+            continue
         before = float(rate[r][:since].mean()) if since else 0.0
         during = float(rate[r][since:until].mean())
         out.append(FRLate(rank=r, since_ns=int(edges[since]), until_ns=None if until == WINDOWS else int(edges[until]),
                           waited_before_ms_per_s=before, waited_after_ms_per_s=during,
-                          evidence=f"late in {int(late.sum())} of {WINDOWS} windows ({since + 1}-{until}"
-                                   f"{', to the end' if until == WINDOWS else ''}): the others waited "
+                          evidence=f"late in windows {since + 1}-{until} of {WINDOWS}"
+                                   f"{' (to the end)' if until == WINDOWS else ''}: the others waited "
                                    f"{during:.0f} ms per s of run for it (before: {before:.0f})"))
     return sorted(out, key=lambda x: -x.waited_after_ms_per_s)
+
+
+def _episode(late: np.ndarray) -> tuple[int, int]:
+    """[since, until) fitting late windows best as one step up and, if it ends, one step down:
+    the fewest windows on the wrong side, a window off the trend does not move the onset."""
+    n, best, cut = len(late), None, (0, 0)
+    for a in range(n):
+        for b in range(a + 1, n + 1):
+            wrong = int(late[:a].sum() + (~late[a:b]).sum() + late[b:].sum())
+            if best is None or wrong < best or (wrong == best and b - a > cut[1] - cut[0]):
+                best, cut = wrong, (a, b)
+    return cut

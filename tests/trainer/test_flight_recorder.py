@@ -87,7 +87,7 @@ def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
     late = fr.late[0]
     # Truth: when rank 0 entered its first DP collective of the first slowed step (comm log, host clock).
     slowed_at = min(c["start"] for c in _comm(out, 0) if c["step"] == from_step) * 1e9
-    width = (fr.last_ns - fr.first_ns) / 8
-    assert abs(late.since_ns - slowed_at) <= width + 1e8, (late, slowed_at, width)
+    width = fr.late_window_s * 1e9                        # the onset is the start of a window
+    assert slowed_at - width <= late.since_ns <= slowed_at + width, (late, slowed_at, width)
     assert late.until_ns is None                          # still slow at the end
-    assert late.waited_after_ms_per_s > 5 * max(late.waited_before_ms_per_s, 1.0)
+    assert late.waited_after_ms_per_s > 2 * max(late.waited_before_ms_per_s, 1.0)   # before: may hold part of the onset window
