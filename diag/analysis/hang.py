@@ -18,6 +18,7 @@ from typing import Optional
 from ..layout import axis_name
 from ..trace.commtable import group_key
 from ..trace.flightrec import FRDump, FREntry
+from ..trace.kinds import Coll, op_name
 from .bandwidth import message_bytes
 from .frresults import FRGroup, FRWaiter
 from .layoutfind import JobLayout, find_layout
@@ -56,8 +57,8 @@ def entry_bytes(e: FREntry, n: int) -> Optional[int]:
 
 
 def op_word(e: FREntry) -> str:
-    """'nccl:all_reduce' -> 'all_reduce'."""
-    return e.op.split(":")[-1].split(" ")[0] or e.op
+    """diag's name of the op (trace.kinds.op_name); one it does not know, as the dump spells it."""
+    return op_name(e.coll) if e.coll != Coll.UNKNOWN else (e.op.split(":")[-1].split(" ")[0] or e.op)
 
 
 def _clock(ns: int) -> str:
