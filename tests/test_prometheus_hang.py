@@ -17,7 +17,7 @@ import yaml
 
 from diag.analysis.flightrec import flight_record
 from promserver import PROM_DIR, ROOT, TINY, _kill, free_ports, prometheus_server, query
-from tests.trainer.test_faults import _child_with_rank
+from trainer.test_faults import _child_with_rank
 
 pytestmark = pytest.mark.slow
 JOB, STALL_STEP = "hangtest", 30

@@ -21,7 +21,7 @@ class FRGroup:
 
     pg: str                           # the process group's name in the dumps
     desc: str                         # its description (mesh_dp, default_pg, ...)
-    axis: str                         # the parallel axis (layout), or "unknown"
+    axis: str                         # the parallel axis (layout), "world" (the default group) or "unknown"
     ranks: list[int]                  # members
     last_common_seq: Optional[int]    # the last collective every dumped member entered
     next_seq: Optional[int] = None    # the first collective not every member entered; None: all in step

@@ -24,6 +24,9 @@ from .frresults import FRGroup, FRWaiter
 from .layoutfind import JobLayout, find_layout
 
 
+WORLD = "world"          # FRGroup.axis of torch's default process group
+
+
 def group_members(dumps: list[FRDump]) -> dict[str, tuple[str, list[int]]]:
     """pg name -> (desc, members): pg_config's ranks where a dump gives them, else the ranks that
     recorded the group (gloo)."""
@@ -90,7 +93,8 @@ def _mismatch(by_rank: dict[int, dict[int, FREntry]], members: list[int], n: int
 
 def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDump], grid: JobLayout) -> FRGroup:
     """Where one group stands, and its verdict line."""
-    axis = axis_name(grid.axis_of(group_key(members)))
+    # the default group is the world, whatever axis has the same members (dp 2 on 2 ranks)
+    axis = WORLD if desc == "default_pg" else axis_name(grid.axis_of(group_key(members)))
     dumped = [r for r in members if r in dumps]
     by_rank = {r: {e.seq: e for e in dumps[r].entries if e.pg == name and not e.p2p} for r in dumped}
     last = {r: max(by_rank[r], default=0) for r in dumped}

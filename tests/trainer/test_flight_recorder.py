@@ -14,7 +14,7 @@ import time
 import psutil
 
 from diag.analysis.flightrec import flight_record
-from tests.trainer.test_faults import ROOT, _child_with_rank
+from trainer.test_faults import ROOT, _child_with_rank
 
 
 def _trainer(out, *flags):
@@ -91,3 +91,19 @@ def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
     assert slowed_at - width <= late.since_ns <= slowed_at + width, (late, slowed_at, width)
     assert late.until_ns is None                          # still slow at the end
     assert late.waited_after_ms_per_s > 2 * max(late.waited_before_ms_per_s, 1.0)   # before: may hold part of the onset window
+
+
+def test_end_dumps_beside_traces_make_one_report(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--train-iters", "4",
+                          "--profile-wait", "0", "--no-trace-summary", "--out", str(out)], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    r = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(out), "--format", "json"], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    d = json.loads(r.stdout)
+    assert [x["rank"] for x in d["ranks"]] == [0, 1] and not d["problems"]
+    fr = d["flight_recorder"]
+    (dp,) = [g for g in fr["groups"] if g["axis"] == "dp"]
+    # Truth: every DP collective of the run, from the trainer's comm log
+    assert dp["last_common_seq"] == len([c for c in _comm(out, 0) if c["axis"] == "dp"]) and not dp["missing"]
