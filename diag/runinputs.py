@@ -99,7 +99,8 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     except TraceError:
         if fr is None and not fr_problems:
             raise
-        return dumps_only(path, fr, fr_problems)
+        from .trace.job import Job
+        return dumps_only(path, fr, fr_problems), Job(path, [])     # no trace: no events to draw
     config = None
     if inputs.config:                      # after the traces: "the rest of the ranks" needs the world size
         from .runconfig import load_config
