@@ -101,7 +101,8 @@ class SeqReader:
 
     Read at scrape time from the recorder's small status part, keyed by the local pg id. The id ->
     (name, description) map comes from the entries, read in full only when an unknown id shows up
-    (a new group), so a scrape costs microseconds, not a dump. Gloo records no send/recv entries,
+    (a new group, once), so a scrape reads the status only: 0.017 ms against 0.5 s for a dump of
+    2000 entries (measured on the shared 2-core machine, json.loads included). Gloo records no send/recv entries,
     so a group with only those (a pipeline's) is named from torch's own table of this process's
     groups in creation order (the order the ids are given in), used only where it agrees with
     every id the entries name.
