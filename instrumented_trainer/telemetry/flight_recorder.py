@@ -37,11 +37,12 @@ class FlightRecorder:
         if self.entries <= 0:
             return self
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(self.entries))
-        os.makedirs(self.folder, exist_ok=True)
         # NCCL (gloo ignores these): durations, and the watchdog's own pickle dump on a timeout here too
         os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.folder, "nccl_trace_rank_"))
+        with guard("flight recorder folder"):   # NCCL's watchdog writes there itself; unwritable: a warning
+            os.makedirs(self.folder, exist_ok=True)
         with guard("flight recorder signals"):
             self._listen()
         return self
@@ -56,6 +57,7 @@ class FlightRecorder:
             import torch  # noqa: PLC0415 - imported where training already runs
 
             data = torch._C._distributed_c10d._dump_fr_trace_json(True, False)
+            os.makedirs(self.folder, exist_ok=True)     # here, under the guard: an unwritable --out only warns
             rank = os.environ.get("RANK", "0")
             path = os.path.join(self.folder, f"rank-{rank}.json")
             tmp = f"{path}.{os.getpid()}.partial"
