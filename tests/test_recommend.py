@@ -71,7 +71,7 @@ def test_imbalanced_stages_recommend_moving_layers(tmp_path):
     rec = next(r for r in d.recommendations if r.rule == "rebalance")
     assert rec.flags == {"--decoder-first-pipeline-num-layers": "5", "--decoder-last-pipeline-num-layers": "3"}
     assert rec.evidence[0].value == pytest.approx(1.5, rel=1e-3)
-    assert not rec.runnable and rec.command is None
+    assert rec.runnable      # the trainer runs uneven first/last stages (issue #18)
 
 
 def test_straggler_named_with_what_to_check(tmp_path):

@@ -65,7 +65,7 @@ def bubble(ctx: Context) -> list[Recommendation]:
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
-    """Interleaved virtual stages: the bubble divided by v (Megatron-LM; the trainer has no such schedule)."""
+    """Interleaved virtual stages: the bubble divided by v (Megatron-LM's and the trainer's interleaved 1F1B)."""
     c, p = ctx.cal.config, ctx.d.pipeline
     per_stage = ctx.cal.workload.num_layers // c.pp
     if c.schedule != "1f1b" or per_stage < 2 or c.num_micro_batches % c.pp:
@@ -73,11 +73,12 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
     bubble_s = max(s.bubble_s or 0.0 for s in p.stages)      # None: a stage's bubble is unknown
     after = ctx.step_s - bubble_s * (1 - 1 / 2)
     return ctx.make("bubble", f"interleaved 1F1B with 2 virtual stages per rank ({per_stage // 2} layers each)", e,
-                    {"--num-layers-per-virtual-pipeline-stage": str(per_stage // 2)}, after, confidence="low",
+                    {"--pipeline-schedule": "interleaved-1f1b",
+                     "--num-layers-per-virtual-pipeline-stage": str(per_stage // 2)}, after, confidence="low",
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
                         "price of v times more pipeline messages",
                     assumptions=["estimated as the measured bubble halved, not simulated (the model has no "
-                                 "interleaved schedule); extra p2p messages not priced"], runnable=False)
+                                 "interleaved schedule); extra p2p messages not priced"])
 
 
 def dp_overlap(ctx: Context) -> list[Recommendation]:
@@ -198,7 +199,8 @@ def rebalance(ctx: Context) -> list[Recommendation]:
                     after, why="every stage waits for the slowest one in steady state; moving layers off it "
                                "shortens the critical path",
                     assumptions=[f"per-layer time {layer_s * 1e3:.3g} ms from the fastest stage; the rest of each "
-                                 "stage's compute (embedding, loss) stays where it is"], runnable=False)
+                                 "stage's compute (embedding, loss) stays where it is"],
+                    runnable=len(set(best[1:-1])) <= 1)   # the trainer splits the middle stages evenly
 
 
 def bf16(ctx: Context) -> list[Recommendation]:

@@ -16,6 +16,7 @@ import shlex
 import torch
 
 from diag.layout import RANK_ORDER
+from instrumented_trainer.parallel.mesh import MESH_AXES
 
 from .safe import guard
 
@@ -68,7 +69,11 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> dict:
         "ffn_hidden_size": m.ffn_hidden_size, "parameter_count": m.parameter_count(),
         "dtype": dtype, "device": "cuda" if cuda else "cpu", "device_name": name,
         "peak_flops": peak_flops(name, dtype),
+        "mesh": [[a, grid.size(a)] for a in MESH_AXES],  # init_device_mesh's dims, outermost first
         "pipeline_schedule": job.parallel.pipeline_schedule,
+        "virtual_pipeline_stages": job.parallel.virtual_stages(m.num_layers),
+        "stage_layers": [len(r) for r in job.parallel.stage_layers(m.num_layers)],
+        "sequence_parallel": job.parallel.sequence_parallel,
         "overlap_grad_reduce": job.parallel.overlap_grad_reduce,
         "ddp_bucket_size": job.parallel.ddp_bucket_size,
         "train_iters": t.train_iters, "lr": t.lr, "seed": t.seed,
