@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from instrumented_trainer.config import (SCHEDULES, JobConfig, ModelConfig, ParallelConfig,
+from instrumented_trainer.config import (SCHEDULES, SHARDING, JobConfig, ModelConfig, ParallelConfig,
                                          RuntimeConfig, TelemetryConfig, TrainConfig)
 
 
@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layers of the last pipeline stage (default: an even share)")
     g.add_argument("--ddp-bucket-size", type=int, default=1_000_000,
                    help="elements per DP gradient all-reduce bucket")
+    g.add_argument("--data-parallel-sharding-strategy", choices=list(SHARDING),
+                   default="no_shard",
+                   help="FSDP2 over the data-parallel ranks: optim_grads (ZeRO-2), "
+                        "optim_grads_params (ZeRO-3)")
+    g.add_argument("--num-distributed-optimizer-instances", type=int, default=1,
+                   help="with sharding: replicas of the sharded model (HSDP); the data-parallel "
+                        "ranks are split into this many groups that each shard it")
     g.add_argument("--overlap-grad-reduce", action="store_true",
                    help="launch each bucket's all-reduce during backward")
     g = p.add_argument_group("model")
@@ -98,7 +105,11 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                 decoder_last_pipeline_num_layers=(
                                     args.decoder_last_pipeline_num_layers),
                                 ddp_bucket_size=args.ddp_bucket_size,
-                                overlap_grad_reduce=args.overlap_grad_reduce),
+                                overlap_grad_reduce=args.overlap_grad_reduce,
+                                data_parallel_sharding_strategy=(
+                                    args.data_parallel_sharding_strategy),
+                                num_distributed_optimizer_instances=(
+                                    args.num_distributed_optimizer_instances)),
         train=TrainConfig(micro_batch_size=args.micro_batch_size,
                           global_batch_size=args.global_batch_size, train_iters=args.train_iters,
                           lr=args.lr, weight_decay=args.weight_decay, seed=args.seed),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diag.layout import RankGrid
+from diag.layout import Layout, RankGrid
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,11 @@ class ModelConfig:
 SCHEDULES: dict[str, str] = {"gpipe": "loop", "1f1b": "loop", "interleaved-1f1b": "loop",
                              "zb1p": "loop", "zbv": "v", "dualpipev": "v"}
 MULTI_STAGE = ("interleaved-1f1b", "zb1p", "zbv", "dualpipev")  # schedules of v >= 1 stages a rank
+# Megatron-LM's --data-parallel-sharding-strategy: what FSDP2 shards over the data-parallel ranks.
+# optim_grads is ZeRO-2 (fully_shard keeping parameters unsharded from forward to backward),
+# optim_grads_params ZeRO-3 (resharded after forward). ZeRO-1 (`optim`, Megatron's distributed
+# optimizer) has no FSDP2 equivalent and is not offered.
+SHARDING = ("no_shard", "optim_grads", "optim_grads_params")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +71,15 @@ class ParallelConfig:
     decoder_last_pipeline_num_layers: int = 0
     ddp_bucket_size: int = 1_000_000  # elements per gradient all-reduce bucket
     overlap_grad_reduce: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    num_distributed_optimizer_instances: int = 1  # > 1 with sharding: HSDP's replicas
 
     def __post_init__(self) -> None:
+        if self.data_parallel_sharding_strategy not in SHARDING:
+            raise ValueError("--data-parallel-sharding-strategy must be one of "
+                             f"{', '.join(SHARDING)}, got {self.data_parallel_sharding_strategy!r}")
+        if self.num_distributed_optimizer_instances < 1:
+            raise ValueError("--num-distributed-optimizer-instances must be positive")
         if self.pipeline_schedule not in SCHEDULES:
             raise ValueError(f"--pipeline-schedule must be one of {', '.join(SCHEDULES)}, got "
                              f"{self.pipeline_schedule!r}")
@@ -86,9 +98,27 @@ class ParallelConfig:
         self.grid  # validates divisibility of the world size
 
     @property
-    def grid(self) -> RankGrid:
-        return RankGrid.from_world(self.world_size, self.tensor_model_parallel_size,
-                                   self.pipeline_model_parallel_size)
+    def sharded(self) -> bool:
+        return self.data_parallel_sharding_strategy != "no_shard"
+
+    @property
+    def grid(self) -> Layout:
+        """The layout: replicated DP is `dp`; with sharding, FSDP's shard dimension is
+        `dp_shard` and `dp` holds HSDP's replicas (--num-distributed-optimizer-instances)."""
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        flat = RankGrid.from_world(self.world_size, tp, pp).dp
+        if not self.sharded:
+            return RankGrid.from_world(self.world_size, tp, pp)
+        replicas = self.num_distributed_optimizer_instances
+        if flat % replicas:
+            raise ValueError(f"data-parallel size {flat} is not divisible by "
+                             f"--num-distributed-optimizer-instances {replicas}")
+        return Layout.from_world(self.world_size, tp=tp, pp=pp, dp_shard=flat // replicas)
+
+    @property
+    def dp_size(self) -> int:
+        """All data-parallel ranks, replicated and sharded: the batch is split over them."""
+        return self.grid.dp * self.grid.dp_shard
 
     @property
     def stage_placement(self) -> str:
@@ -233,7 +263,7 @@ class JobConfig:
         if self.parallel.sequence_parallel and m.seq_length % grid.tp:
             raise ValueError(f"--seq-length {m.seq_length} is not divisible by "
                              f"--tensor-model-parallel-size {grid.tp} (--sequence-parallel)")
-        m_micro = self.train.num_micro_batches(grid.dp)
+        m_micro = self.train.num_micro_batches(self.parallel.dp_size)
         if self.parallel.pipeline_schedule in MULTI_STAGE and m_micro % grid.pp:
             raise ValueError(f"--pipeline-schedule {self.parallel.pipeline_schedule} needs the "
                              f"micro-batches per step ({m_micro}) to be a multiple of "
@@ -241,4 +271,4 @@ class JobConfig:
 
     @property
     def num_micro_batches(self) -> int:
-        return self.train.num_micro_batches(self.parallel.grid.dp)
+        return self.train.num_micro_batches(self.parallel.dp_size)

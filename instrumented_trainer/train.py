@@ -21,7 +21,7 @@ import torch.distributed as dist
 from instrumented_trainer.config import JobConfig
 from instrumented_trainer.data import global_batch, replica_batch
 from instrumented_trainer.model import GPTStage
-from instrumented_trainer.parallel.data_parallel import GradSync
+from instrumented_trainer.parallel.data_parallel import GradSync, apply_fsdp
 from instrumented_trainer.parallel.mesh import JobMesh
 from instrumented_trainer.parallel.pipeline import Pipeline, build_pipeline
 from instrumented_trainer.parallel.tensor_parallel import apply_tensor_parallel
@@ -76,6 +76,8 @@ def build_pipeline_for(job: JobConfig, mesh: JobMesh, runtime: Runtime) -> Pipel
         stage = GPTStage(job.model, layers, first, last, job.train.seed).to(runtime.device)
         if mesh.size("tp") > 1:
             apply_tensor_parallel(stage, mesh["tp"], job.parallel.sequence_parallel)
+        if job.parallel.sharded:
+            apply_fsdp(stage, mesh.dp_mesh, job.parallel.data_parallel_sharding_strategy)
         return stage
 
     return build_pipeline(job, make_stage, mesh.group("pp"), mesh.coords.pp_rank,
@@ -95,10 +97,13 @@ def train(job: JobConfig) -> list[float]:
     params = [p for module in pipe.modules for p in module.parameters()]
     optimizer = torch.optim.AdamW(params, lr=job.train.lr, betas=(0.9, 0.95),
                                   weight_decay=job.train.weight_decay)
-    grad_sync = GradSync(params, mesh.group("dp"), mesh.size("dp"), job.parallel.ddp_bucket_size,
-                         job.parallel.overlap_grad_reduce, job.num_micro_batches, comm)
+    # replicated DP syncs gradients here; sharded DP (FSDP2, HSDP's replicas too) does it itself
+    grad_sync = GradSync(params, mesh.group("dp"),
+                         1 if job.parallel.sharded else mesh.size("dp"),
+                         job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
+                         job.num_micro_batches, comm)
     coords = mesh.coords
-    logs_steps = pipe.has_last and coords.tp_rank == 0 and coords.dp_rank == 0
+    logs_steps = pipe.has_last and coords.tp_rank == 0 and mesh.dp_rank == 0
     steps = StepLog(tel.out, logs_steps, job.train.global_batch_size * job.model.seq_length,
                     job.train.train_iters)
     if rank == 0:
@@ -143,8 +148,8 @@ def train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime) -> fl
     """One optimizer step over the global batch; returns the DP-mean loss (last stage)."""
     m, t = job.model, job.train
     tokens = global_batch(step, t.global_batch_size, m.seq_length, m.vocab_size, t.seed)
-    dp = mesh.size("dp")
-    inputs, labels = replica_batch(tokens, mesh.coords.dp_rank, dp, runtime.device)
+    dp = mesh.dp_size
+    inputs, labels = replica_batch(tokens, mesh.dp_rank, dp, runtime.device)
     optimizer.zero_grad(set_to_none=True)
     grad_sync.start_step()
     with torch.autocast(runtime.device.type, dtype=torch.bfloat16,
@@ -155,6 +160,7 @@ def train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime) -> fl
     if not pipe.has_last:
         return float("nan")
     loss = torch.stack(losses).mean().float()
-    if dp > 1:  # each replica's mean over the same number of tokens
-        comm.wait(dist.all_reduce(loss, group=mesh.group("dp"), async_op=True))
+    for axis in ("dp_shard", "dp"):  # each replica's mean over the same number of tokens
+        if mesh.size(axis) > 1:
+            comm.wait(dist.all_reduce(loss, group=mesh.group(axis), async_op=True))
     return loss.item() / dp

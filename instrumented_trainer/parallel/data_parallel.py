@@ -109,3 +109,18 @@ class GradSync:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (a view: writing it writes the DTensor), else `t`."""
     return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def apply_fsdp(stage: torch.nn.Module, dp_mesh, strategy: str) -> None:
+    """Sharded data parallelism with FSDP2 (`fully_shard`), per transformer layer and then the
+    stage's root, as torchtitan wraps it. `optim_grads_params` (ZeRO-3) reshards parameters after
+    forward and gathers them again for backward; `optim_grads` (ZeRO-2) keeps them unsharded
+    from forward to backward. On a 2D mesh (replicas x shards) it is HSDP. FSDP2 averages the
+    gradients over the data-parallel ranks (a divide factor of 1 needs PREMUL_SUM, which gloo
+    lacks), so the loss is not scaled by the DP size in this case (see pipeline.py)."""
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    reshard = strategy == "optim_grads_params"
+    for block in stage.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)

@@ -18,7 +18,7 @@ from diag.layout import RANK_ORDER, Coords, Layout
 
 # The axes the trainer runs, outermost first in the layout model's rank order; every one is a
 # mesh dimension, of size 1 if unused, so code can always ask for mesh["tp"].
-TRAINER_AXES = ("tp", "dp", "pp")
+TRAINER_AXES = ("tp", "dp_shard", "dp", "pp")
 MESH_AXES = tuple(a for a in reversed(RANK_ORDER.split("-")) if a in TRAINER_AXES)
 
 
@@ -48,6 +48,21 @@ class JobMesh:
 
     def group(self, axis: str):
         return self.mesh[axis].get_group()
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        """The mesh FSDP2 shards over: `dp_shard`, or (`dp`, `dp_shard`) for HSDP."""
+        return self.mesh["dp", "dp_shard"] if self.size("dp") > 1 else self.mesh["dp_shard"]
+
+    @property
+    def dp_rank(self) -> int:
+        """Index among all data-parallel ranks (replicas outer, shards inner)."""
+        c = self.coords
+        return c["dp"] * self.size("dp_shard") + c["dp_shard"]
+
+    @property
+    def dp_size(self) -> int:
+        return self.size("dp") * self.size("dp_shard")
 
     def axis_groups(self) -> dict[str, tuple[str, list[int]]]:
         """Process-group name -> (axis, member ranks), for labelling collectives by axis."""

@@ -9,7 +9,8 @@ runs the same way, as one stage under GPipe (forwards then backwards of its micr
 
 Gradients are not rescaled by the schedule (`scale_grads=False`): the loss of each micro-batch is
 multiplied by 1 / (micro-batches x DP size) in `loss_fn`, so the summed gradient is already the
-global-batch mean before any DP reduction starts (which may begin during backward).
+global-batch mean before any DP reduction starts (which may begin during backward). Under FSDP2,
+which averages over the DP ranks itself, the factor is 1 / micro-batches.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def build_pipeline(job: JobConfig, make_stage, pp_group, pp_rank: int, device) -
         module = make_stage(layers[sid], sid == 0, sid == n_stages - 1)
         modules.append(module)
         stages.append(pp.PipelineStage(module, sid, n_stages, device, group=pp_group))
-    scale = 1.0 / (job.num_micro_batches * par.grid.dp)
+    scale = 1.0 / (job.num_micro_batches * (1 if par.sharded else par.dp_size))
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())

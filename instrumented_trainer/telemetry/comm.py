@@ -44,6 +44,12 @@ class _Pending:
     unwaited: bool = False  # its wait was not seen: duration unknown
 
 
+def _identity(key) -> int:
+    """A tensor is named by its storage (the wait may be given another tensor aliasing the
+    collective's output: autograd's wrapper of it), anything else by the object."""
+    return key.untyped_storage().data_ptr() if isinstance(key, torch.Tensor) else id(key)
+
+
 @dataclass
 class CommLog:
     """Labels and times communication for one rank; `enabled=False` keeps only the labels."""
@@ -69,14 +75,14 @@ class CommLog:
             out = launch()
         if pending is not None:
             key = key_of(out)
-            self._inflight[id(key)] = (key, pending)
+            self._inflight[_identity(key)] = (key, pending)
         return out
 
     def wait(self, key, wait=None):
         """Wait for the operation `key` (a Work, or a functional collective's output tensor) with
         `wait()` (default: key.wait()), close its timing if it was launched through `launched`,
         and return what `wait()` returned."""
-        entry = self._inflight.pop(id(key), None)
+        entry = self._inflight.pop(_identity(key), None)
         pending = entry[1] if entry is not None else None
         self._begin_wait(pending)
         result = (wait or key.wait)()

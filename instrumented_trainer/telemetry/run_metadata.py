@@ -59,7 +59,8 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> dict:
     name = device_name(cuda)
     return {
         "schema_version": SCHEMA_VERSION,
-        "tp": grid.tp, "pp": grid.pp, "dp": grid.dp, "world_size": grid.world_size,
+        "tp": grid.tp, "pp": grid.pp, "dp": grid.dp, "dp_shard": grid.dp_shard,
+        "world_size": grid.world_size,
         "rank_order": RANK_ORDER,
         "micro_batch_size": t.micro_batch_size,
         "num_micro_batches": job.num_micro_batches,
@@ -74,6 +75,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> dict:
         "virtual_pipeline_stages": job.parallel.virtual_stages(m.num_layers),
         "stage_layers": [len(r) for r in job.parallel.stage_layers(m.num_layers)],
         "sequence_parallel": job.parallel.sequence_parallel,
+        "data_parallel_sharding_strategy": job.parallel.data_parallel_sharding_strategy,
         "overlap_grad_reduce": job.parallel.overlap_grad_reduce,
         "ddp_bucket_size": job.parallel.ddp_bucket_size,
         "train_iters": t.train_iters, "lr": t.lr, "seed": t.seed,

@@ -2,7 +2,8 @@
 
 Same seed, same synthetic global batch, parameters initialised from the full weights: the loss
 of TP (DTensor, with and without sequence parallelism), PP (torch.distributed.pipelining: GPipe,
-1F1B, interleaved 1F1B, the zero-bubble schedules, uneven stages), DP and TPxPPxDP runs must
+1F1B, interleaved 1F1B, the zero-bubble schedules, uneven stages), DP (replicated; FSDP2 ZeRO-2,
+ZeRO-3 and HSDP) and TPxPPxDP runs must
 match the 1x1x1 run for 10 steps. fp32 reductions split across ranks change the summation order
 (a TP all-reduce adds two partial dot products, a DP all-reduce two partial gradient sums), so
 bit-equality is not expected. The tolerance is 1e-5 relative: fp32's unit roundoff is 6e-8, and
@@ -33,6 +34,13 @@ LAYOUTS = {
     "pp2_dualpipev": (2, [*PP2, "--pipeline-schedule", "dualpipev"]),
     "dp2": (2, []),
     "dp2_overlap_small_buckets": (2, ["--overlap-grad-reduce", "--ddp-bucket-size", "4096"]),
+    "dp2_zero3": (2, ["--data-parallel-sharding-strategy", "optim_grads_params"]),
+    "pp2_dp2_zero2": (4, [*PP2, "--data-parallel-sharding-strategy", "optim_grads"]),
+    "tp2_sp_dp2_zero3_gpipe": (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                   "--data-parallel-sharding-strategy", "optim_grads_params",
+                                   "--pipeline-schedule", "gpipe"]),
+    "hsdp_2x2": (4, ["--data-parallel-sharding-strategy", "optim_grads_params",
+                     "--num-distributed-optimizer-instances", "2"]),
     "tp2_pp2_dp2_sp": (8, ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel",
                            "--overlap-grad-reduce", "--ddp-bucket-size", "20000"]),
 }
