@@ -3,7 +3,7 @@
 Same seed, same synthetic global batch, parameters initialised from the full weights: the loss
 of TP (DTensor, with and without sequence parallelism), PP (torch.distributed.pipelining: GPipe,
 1F1B, interleaved 1F1B, the zero-bubble schedules, uneven stages), DP (replicated; FSDP2 ZeRO-2,
-ZeRO-3 and HSDP) and TPxPPxDP runs must
+ZeRO-3 and HSDP), activation recomputation (full, selective) and TPxPPxDP runs must
 match the 1x1x1 run for 10 steps. fp32 reductions split across ranks change the summation order
 (a TP all-reduce adds two partial dot products, a DP all-reduce two partial gradient sums), so
 bit-equality is not expected. The tolerance is 1e-5 relative: fp32's unit roundoff is 6e-8, and
@@ -41,6 +41,9 @@ LAYOUTS = {
                                    "--pipeline-schedule", "gpipe"]),
     "hsdp_2x2": (4, ["--data-parallel-sharding-strategy", "optim_grads_params",
                      "--num-distributed-optimizer-instances", "2"]),
+    "tp2_recompute_full": (2, ["--tensor-model-parallel-size", "2",
+                               "--recompute-granularity", "full"]),
+    "pp2_recompute_selective": (2, [*PP2, "--recompute-granularity", "selective"]),
     "tp2_pp2_dp2_sp": (8, ["--tensor-model-parallel-size", "2", *PP2, "--sequence-parallel",
                            "--overlap-grad-reduce", "--ddp-bucket-size", "20000"]),
 }
