@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from instrumented_trainer.config import (SCHEDULES, SHARDING, JobConfig, ModelConfig, ParallelConfig,
+from instrumented_trainer.config import (RECOMPUTE, SCHEDULES, SHARDING, JobConfig, ModelConfig, ParallelConfig,
                                          RuntimeConfig, TelemetryConfig, TrainConfig)
 
 
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-distributed-optimizer-instances", type=int, default=1,
                    help="with sharding: replicas of the sharded model (HSDP); the data-parallel "
                         "ranks are split into this many groups that each shard it")
+    g.add_argument("--recompute-granularity", choices=list(RECOMPUTE), default="none",
+                   help="activation recomputation: full (each layer) or selective (core "
+                        "attention)")
     g.add_argument("--overlap-grad-reduce", action="store_true",
                    help="launch each bucket's all-reduce during backward")
     g = p.add_argument_group("model")
@@ -109,7 +112,8 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                 data_parallel_sharding_strategy=(
                                     args.data_parallel_sharding_strategy),
                                 num_distributed_optimizer_instances=(
-                                    args.num_distributed_optimizer_instances)),
+                                    args.num_distributed_optimizer_instances),
+                                recompute_granularity=args.recompute_granularity),
         train=TrainConfig(micro_batch_size=args.micro_batch_size,
                           global_batch_size=args.global_batch_size, train_iters=args.train_iters,
                           lr=args.lr, weight_decay=args.weight_decay, seed=args.seed),

@@ -55,6 +55,9 @@ MULTI_STAGE = ("interleaved-1f1b", "zb1p", "zbv", "dualpipev")  # schedules of v
 # optim_grads_params ZeRO-3 (resharded after forward). ZeRO-1 (`optim`, Megatron's distributed
 # optimizer) has no FSDP2 equivalent and is not offered.
 SHARDING = ("no_shard", "optim_grads", "optim_grads_params")
+# Megatron-LM's --recompute-granularity: `full` recomputes each transformer layer in backward,
+# `selective` only the core attention (QK^T, softmax, xV), whose activations are the largest.
+RECOMPUTE = ("none", "full", "selective")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,8 +76,12 @@ class ParallelConfig:
     overlap_grad_reduce: bool = False
     data_parallel_sharding_strategy: str = "no_shard"
     num_distributed_optimizer_instances: int = 1  # > 1 with sharding: HSDP's replicas
+    recompute_granularity: str = "none"
 
     def __post_init__(self) -> None:
+        if self.recompute_granularity not in RECOMPUTE:
+            raise ValueError(f"--recompute-granularity must be one of {', '.join(RECOMPUTE)}, "
+                             f"got {self.recompute_granularity!r}")
         if self.data_parallel_sharding_strategy not in SHARDING:
             raise ValueError("--data-parallel-sharding-strategy must be one of "
                              f"{', '.join(SHARDING)}, got {self.data_parallel_sharding_strategy!r}")

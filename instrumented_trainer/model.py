@@ -20,6 +20,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from instrumented_trainer.config import ModelConfig
 
@@ -50,12 +51,17 @@ class Attention(nn.Module):
         out_std = INIT_STD / math.sqrt(2.0 * cfg.num_layers)  # Megatron's residual-output init
         self.qkv = _init_linear(nn.Linear(h, 3 * h), f"{name}.qkv", seed, INIT_STD)
         self.proj = _init_linear(nn.Linear(h, h), f"{name}.proj", seed, out_std)
+        self.recompute_core = False  # selective recomputation (Megatron-LM's)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s = x.shape[0], x.shape[1]
         qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)  # -1: this rank's heads
         q, k, v = qkv.permute(3, 0, 2, 1, 4)  # each [b, heads, s, head_dim]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.recompute_core:
+            out = checkpoint(F.scaled_dot_product_attention, q, k, v, is_causal=True,
+                             use_reentrant=False)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -104,6 +110,21 @@ class Embeddings(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # under sequence parallelism both come back as this rank's slice of the sequence
         return self.token(ids) + self.position(self.positions)
+
+
+def apply_recompute(stage: nn.Module, granularity: str) -> None:
+    """Activation recomputation: `full` wraps each layer in a non-reentrant checkpoint (its
+    forward, TP collectives included, runs again in backward); `selective` recomputes only the
+    core attention. Applied after tensor parallelism and before FSDP2, as torchtitan does."""
+    if granularity == "selective":
+        for block in stage.layers.values():
+            block.attention.recompute_core = True
+    elif granularity == "full":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: PLC0415
+            checkpoint_wrapper)
+
+        for name in list(stage.layers):
+            stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
 
 
 class GPTStage(nn.Module):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from instrumented_trainer.config import JobConfig
 from instrumented_trainer.data import global_batch, replica_batch
-from instrumented_trainer.model import GPTStage
+from instrumented_trainer.model import GPTStage, apply_recompute
 from instrumented_trainer.parallel.data_parallel import GradSync, apply_fsdp
 from instrumented_trainer.parallel.mesh import JobMesh
 from instrumented_trainer.parallel.pipeline import Pipeline, build_pipeline
@@ -76,6 +76,7 @@ def build_pipeline_for(job: JobConfig, mesh: JobMesh, runtime: Runtime) -> Pipel
         stage = GPTStage(job.model, layers, first, last, job.train.seed).to(runtime.device)
         if mesh.size("tp") > 1:
             apply_tensor_parallel(stage, mesh["tp"], job.parallel.sequence_parallel)
+        apply_recompute(stage, job.parallel.recompute_granularity)
         if job.parallel.sharded:
             apply_fsdp(stage, mesh.dp_mesh, job.parallel.data_parallel_sharding_strategy)
         return stage

@@ -76,6 +76,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> dict:
         "stage_layers": [len(r) for r in job.parallel.stage_layers(m.num_layers)],
         "sequence_parallel": job.parallel.sequence_parallel,
         "data_parallel_sharding_strategy": job.parallel.data_parallel_sharding_strategy,
+        "recompute_granularity": job.parallel.recompute_granularity,
         "overlap_grad_reduce": job.parallel.overlap_grad_reduce,
         "ddp_bucket_size": job.parallel.ddp_bucket_size,
         "train_iters": t.train_iters, "lr": t.lr, "seed": t.seed,
