@@ -48,9 +48,9 @@ OUTPUT = click.option("--output", "-o", type=click.Path(dir_okay=False), help="W
 def recommend(path: str, fmt: str, output, inputs) -> None:
     """Recommend the next configuration to try for the run at PATH, with predicted gains."""
     from ..report.advice import render_advice
-    from .recommend import advise
+    from .results import Advice
 
-    _emit(render_advice(advise(_diagnose(path, inputs)), fmt), output)
+    _emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
 
 
 @click.command()
