@@ -33,7 +33,12 @@ class JobMesh:
     @classmethod
     def build(cls, layout: Layout, device_type: str) -> "JobMesh":
         sizes = tuple(layout.size(a) for a in MESH_AXES)
-        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=MESH_AXES)
+        # A dimension spanning the whole job would reuse the default group, named `default_pg`
+        # in the traces: its axis would be lost. Its own group keeps the name `mesh_<axis>`.
+        world = layout.world_size
+        own = {a: dist.get_backend() for a, n in zip(MESH_AXES, sizes) if n == world > 1}
+        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=MESH_AXES,
+                                backend_override=own or None)
         return cls(mesh, layout, dist.get_rank())
 
     @property
