@@ -125,7 +125,8 @@ def train(job: JobConfig) -> list[float]:
             loss = train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime)
             if runtime.cuda:
                 torch.cuda.synchronize()
-            steps.record(step, loss, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            steps.record(step, loss, seconds, peak_memory(runtime))
             comm.flush()
             if live is not None:
                 with guard("prometheus metrics"):
@@ -136,6 +137,19 @@ def train(job: JobConfig) -> list[float]:
     dist.barrier()
     dist.destroy_process_group()
     return steps.losses
+
+
+def peak_memory(runtime: Runtime) -> int | None:
+    """The largest CUDA allocator peak of any rank in the step just ended, then reset (one MAX
+    all-reduce, outside the timed step); None on CPU or if it fails (a warning, not a zero)."""
+    if not runtime.cuda:
+        return None
+    with guard("peak memory"):
+        peak = torch.tensor([torch.cuda.max_memory_allocated()], device=runtime.device)
+        torch.cuda.reset_peak_memory_stats()
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return int(peak.item())
+    return None
 
 
 def _peak_flops(tel, runtime: Runtime) -> float | None:
