@@ -279,3 +279,13 @@ class JobConfig:
     @property
     def num_micro_batches(self) -> int:
         return self.train.num_micro_batches(self.parallel.dp_size)
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The schedule that runs: torch's 1F1B refuses fewer micro-batches than stages, where
+        Megatron's 1F1B is all warm-up (every forward, then every backward): GPipe, so GPipe runs,
+        and diag_run.json says so."""
+        sched = self.parallel.pipeline_schedule
+        if sched == "1f1b" and self.num_micro_batches < self.parallel.grid.pp:
+            return "gpipe"
+        return sched

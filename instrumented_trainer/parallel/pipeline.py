@@ -73,8 +73,8 @@ def build_pipeline(job: JobConfig, make_stage, pp_group, pp_rank: int, device) -
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         return loss * scale
 
-    cls = getattr(pp, SCHEDULE_CLASSES[par.pipeline_schedule])
-    multi = par.pipeline_schedule not in ("gpipe", "1f1b")
+    cls = getattr(pp, SCHEDULE_CLASSES[job.pipeline_schedule])
+    multi = job.pipeline_schedule not in ("gpipe", "1f1b")
     schedule = cls(stages if multi else stages[0], n_microbatches=job.num_micro_batches,
                    loss_fn=loss_fn, scale_grads=False)
     return Pipeline(modules, stages, schedule, scale)

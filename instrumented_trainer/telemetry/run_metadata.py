@@ -52,7 +52,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> RunFacts:
         ffn_hidden_size=m.ffn_hidden_size, parameter_count=m.parameter_count(),
         dtype=dtype, device="cuda" if cuda else "cpu", device_name=name,
         peak_flops=peak_flops(name, dtype) if cuda else None,
-        pipeline_schedule=job.parallel.pipeline_schedule,
+        pipeline_schedule=job.pipeline_schedule,
         virtual_pipeline_stages=job.parallel.virtual_stages(m.num_layers),
         sequence_parallel=job.parallel.sequence_parallel,
         use_distributed_optimizer=False,  # ZeRO-1 is not in the trainer; FSDP2's stages are below
