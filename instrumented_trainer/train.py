@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from instrumented_trainer import faults
 from instrumented_trainer.config import JobConfig
 from instrumented_trainer.data import global_batch, replica_batch
+from instrumented_trainer.faults import Fault
 from instrumented_trainer.model import GPTStage, apply_recompute
 from instrumented_trainer.parallel.data_parallel import GradSync, apply_fsdp
 from instrumented_trainer.parallel.mesh import JobMesh
@@ -117,10 +119,12 @@ def train(job: JobConfig) -> list[float]:
     live = (start_live_metrics(job, rank, coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
     tapped = tel.comm_log or tel.profile or bool(tel.prometheus_port)
+    stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
     with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler, \
             comm_tap(comm, mesh.axis_groups(), enabled=tapped):
         for step in range(job.train.train_iters):
             comm.step = step
+            faults.before_step(step, stall, slow)  # flight recorder tests: off unless --fault-* given
             start = time.perf_counter()
             loss = train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime)
             if runtime.cuda:
