@@ -7,7 +7,7 @@ or by `torch._C._distributed_c10d._dump_fr_trace_json()`). A dump is JSON (ours,
 `<prefix><rank>` files). Both hold plain containers only: `version`, `pg_config` (name -> desc and
 ranks), `pg_status` (per local pg id: last enqueued / completed sequence number) and `entries`, one
 per collective. A pickle is read by an unpickler that refuses every class and callable, so
-nothing in the file is ever executed; no pickle.load.
+nothing in the file is ever executed (the standard unpickler is never used).
 
 The rank is not in the dump: it is the number at the end of the file name (as PyTorch's fr_trace
 reads it). Every malformed field is a TraceError naming the file, the entry and the field.
@@ -30,6 +30,8 @@ MAX_DUMP_BYTES = 1 << 30            # a dump of 20k entries with stacks is tens 
 DUMP_FOLDERS = ("flightrec", "comm_traces", "fr_traces")   # ours; torchtitan's; a common choice
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
 _JSON_HEAD = re.compile(rb'"(?:entries|pg_status|pg_config)"\s*:')
+# Kineto's distributedInfo has a pg_config too: a head with any of a trace's own keys is a trace.
+_KINETO_HEAD = re.compile(rb'"(?:traceEvents|schemaVersion|deviceProperties|distributedInfo)"\s*:')
 _PICKLE_HEAD = (b"pg_config", b"entries", b"pg_status", b"version")
 
 
@@ -80,7 +82,7 @@ def is_dump(path: str) -> bool:
         return False
     if head[:1] == b"\x80":
         return any(k in head for k in _PICKLE_HEAD)
-    return head.lstrip()[:1] == b"{" and bool(_JSON_HEAD.search(head)) and b'"traceEvents"' not in head
+    return head.lstrip()[:1] == b"{" and bool(_JSON_HEAD.search(head)) and not _KINETO_HEAD.search(head)
 
 
 def dump_files(root: str) -> list[str]:
