@@ -20,6 +20,7 @@ from .chunks import workers
 from .discover import NOT_TRACES, SUMMARY_SUFFIX, TRACE_SUFFIXES, find, trace_files  # noqa: F401 (re-exported)
 from .errors import TraceError
 from .read import decode_trace, file_size, is_mapped, read_bytes
+from .safeio import read_regular
 from .table import RankTrace
 
 RUN_METADATA = "diag_run.json"
@@ -192,13 +193,13 @@ def _read_run_meta(directory: str, job: Job, strict: bool) -> Optional[dict]:
     if not os.path.exists(p):
         return None
     try:
-        with open(p, "rb") as f:
-            meta = json.load(f)
+        meta = json.loads(read_regular(p))
         if not isinstance(meta, dict):
             raise ValueError("expected a JSON object")
         return meta
-    except (OSError, ValueError) as e:
+    except (TraceError, ValueError) as e:
+        why = e.problem if isinstance(e, TraceError) else e
         if strict:
-            raise TraceError(p, f"unreadable run metadata: {e}") from None
-        job.problems.append(FileProblem(p, f"unreadable run metadata: {e}"))
+            raise TraceError(p, f"unreadable run metadata: {why}") from None
+        job.problems.append(FileProblem(p, f"unreadable run metadata: {why}"))
         return None
