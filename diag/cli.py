@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Optional
 
 import click
 
@@ -74,8 +75,9 @@ def main() -> None:
               help="Report format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to FILE instead of stdout.")
+@click.option("--force", is_flag=True, help="Write -o FILE even over an input or inside the analysed directory.")
 @run_options
-def analyze(path: str, fmt: str, output: str | None, inputs: RunInputs) -> None:
+def analyze(path: str, fmt: str, output: str | None, force: bool, inputs: RunInputs) -> None:
     """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
 
     A directory may be a job's own layout: rank traces in subfolders, or torchtitan's
@@ -88,17 +90,38 @@ def analyze(path: str, fmt: str, output: str | None, inputs: RunInputs) -> None:
     """
     from .report import render
 
-    diagnosis = diagnose_or_exit(path, inputs)
-    report = render(diagnosis, fmt)
-    if output:
-        try:
-            with open(output, "w", encoding="utf-8") as f:
-                f.write(report)
-        except OSError as e:
-            click.echo(f"diag: error: {output}: cannot write: {e.strerror or e}", err=True)
-            sys.exit(2)
-    else:
-        click.echo(report, nl=False)
+    refuse_or_exit(output, run_files(path, inputs), force)
+    emit(render(diagnose_or_exit(path, inputs), fmt), output)
+
+
+def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
+    """What a command reads for the run at `path`: a report must never be written over them."""
+    given = [path] + ([inputs.config, inputs.bench] if inputs else [])
+    return [p for p in given if p]
+
+
+def refuse_or_exit(output: Optional[str], inputs: list[str], force: bool) -> None:
+    """Exit 2, before any work, when `output` would overwrite an input (safeio.refuse_overwrite)."""
+    from .trace.safeio import refuse_overwrite
+
+    why = None if force or not output or output == "-" else refuse_overwrite(output, inputs)
+    if why:
+        click.echo(f"diag: error: {why}", err=True)
+        sys.exit(2)
+
+
+def emit(text: str, output: Optional[str]) -> None:
+    """The report on stdout, or written atomically to `output` (exit 2 naming it if it cannot be)."""
+    from .trace.safeio import atomic_write
+
+    if not output or output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        atomic_write(output, text)
+    except OSError as e:
+        click.echo(f"diag: error: {output}: cannot write: {e.strerror or e}", err=True)
+        sys.exit(2)
 
 
 def diagnose_or_exit(path: str, inputs: RunInputs):
