@@ -24,6 +24,7 @@ from instrumented_trainer.parallel.pipeline import PipelineStep
 from instrumented_trainer.parallel.topology import ParallelGroups
 from instrumented_trainer.telemetry import run_metadata
 from instrumented_trainer.telemetry.comm import CommLog
+from instrumented_trainer.telemetry.heartbeat import Heartbeat
 from instrumented_trainer.telemetry.metrics import MetricsSampler
 from instrumented_trainer.telemetry.profiler import ProfilerSession
 from instrumented_trainer.telemetry.prometheus import start_live_metrics
@@ -93,8 +94,10 @@ def train(job: JobConfig) -> list[float]:
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
     live = (start_live_metrics(job, rank, groups.coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
+    heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
     with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler:
         for step in range(job.train.train_iters):
+            heartbeat.beat(step)
             comm.step = step
             start = time.perf_counter()
             loss = train_step(job, step, stage, groups, optimizer, grad_sync, runtime)
@@ -106,6 +109,7 @@ def train(job: JobConfig) -> list[float]:
                 with guard("prometheus metrics"):
                     live.publish(steps.last, comm.last_step)
             profiler.step()
+        heartbeat.done()
     comm.close()
     steps.close()
     dist.barrier()

@@ -16,6 +16,7 @@ import shlex
 import torch
 
 from diag.layout import RANK_ORDER
+from diag.trace.safeio import atomic_write
 
 from .safe import guard
 
@@ -83,6 +84,4 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> dict:
 def write(path: str, record: dict) -> None:
     with guard("run metadata"):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
+        atomic_write(path, json.dumps(record, indent=2) + "\n")
