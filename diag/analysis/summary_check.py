@@ -13,12 +13,18 @@ import math
 
 import numpy as np
 
+from ..layout import AXES
 from ..trace.errors import TraceError
+from ..trace.kinds import Coll
+from .ppschedule import ACTIONS
 
 _RANK_MAX = (1 << 31) - 1                      # ranks live in int32 columns
 _BOOL_ARRAYS = {"fsdp", "sure"}
 _NONNEG_ARRAYS = {"dur_ns", "exposed_ns", "host_ns", "group_size"}
 _FRACTIONS = {"share", "ratio"}
+# Arrays of codes: [low, high) of what the merge indexes or converts with them.
+_CODES = {"coll": (min(Coll), max(Coll) + 1), "axis": (-1, len(AXES)), "act_kind": (0, len(ACTIONS)),
+          "step": (-1, None), "peer": (-1, None), "act_stage": (-1, None), "act_mb": (-1, None), "lane": (-1, None)}
 _TOL = 1e-6
 
 
@@ -27,6 +33,9 @@ def check_values(path: str, s) -> None:
     rank or world size becomes unknown, with a note in the rank's result."""
     _walk(path, s, "summary")
     _check_breakdown(path, s.result.breakdown)
+    p2p = s.pp.p2p
+    if p2p.wait_op.size and not (0 <= int(p2p.wait_op.min()) and int(p2p.wait_op.max()) < p2p.peer.size):
+        raise TraceError(path, "corrupt summary: summary.pp.p2p.wait_op points past its ops")
     for name in ("rank", "world_size"):
         v = getattr(s, name)
         low = 1 if name == "world_size" else 0
@@ -73,6 +82,9 @@ def _array(path: str, a: np.ndarray, name: str, where: str) -> None:
                                f"{'booleans' if want == 'b' else 'integers'}")
     if name in _NONNEG_ARRAYS and a.size and int(a.min()) < 0:
         raise TraceError(path, f"corrupt summary: {where} holds negative values")
+    low, high = _CODES.get(name, (None, None))
+    if a.size and ((low is not None and int(a.min()) < low) or (high is not None and int(a.max()) >= high)):
+        raise TraceError(path, f"corrupt summary: {where} holds codes outside [{low}, {high})")
 
 
 def _check_breakdown(path: str, b) -> None:

@@ -23,6 +23,8 @@ from typing import Iterable, Iterator, Optional, Union
 from .errors import TraceError
 
 SMALL_FILE_BYTES = 64 << 20           # run metadata, bench curves, config files: far below this
+_PIECE = 1 << 20                       # bytes per read past what a file claims
+_FIRST_MAX = 64 << 20                  # the first read: what the file claims, up to this
 
 
 def _kind(mode: int) -> str:
@@ -55,14 +57,24 @@ def open_regular(path: str):
 
 
 def read_bounded(f, path: str, limit: int) -> bytes:
-    """At most `limit` bytes from the open file f; TraceError if it holds more (whatever its size says)."""
+    """At most `limit` bytes from the open file f; TraceError if it holds more (whatever its size
+    says). Read as much as the file claims first, then in pieces: memory follows the bytes that
+    come, never `limit` (read(n) allocates n bytes up front)."""
     try:
-        data = f.read(limit + 1)
+        first = max(0, min(limit + 1, _FIRST_MAX, os.fstat(f.fileno()).st_size - f.tell() + 1))
+        chunks = [f.read(first)] if first else []
+        total = len(chunks[0]) if chunks else 0
+        while total <= limit:
+            piece = f.read(min(_PIECE, limit + 1 - total))
+            if not piece:
+                break
+            chunks.append(piece)
+            total += len(piece)
     except OSError as e:
         raise TraceError(path, f"cannot read: {e.strerror or e}") from None
-    if len(data) > limit:
+    if total > limit:
         raise TraceError(path, f"larger than {limit:,} bytes: not read (not the file expected here?)")
-    return data
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_regular(path: str, limit: int = SMALL_FILE_BYTES) -> bytes:
@@ -128,6 +140,6 @@ def refuse_overwrite(output: str, inputs: Iterable[str]) -> Optional[str]:
         if out == src or (os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src)):
             return f"{output} is an input of this command; not overwritten (--force to write it anyway)"
         if os.path.isdir(src) and os.path.commonpath([out, src]) == src:
-            return (f"{output} is inside the analysed directory {given}; not written there "
-                    "(--force to write it anyway)")
+            what = "would overwrite a file of" if os.path.exists(out) else "is inside"
+            return f"{output} {what} the analysed directory {given}; not written (--force to write it anyway)"
     return None
