@@ -207,12 +207,13 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
     ranks: (GanttInput, RankComms) per rank, the comms attributed to axes with `grid`."""
     by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
     staged = grid is not None and (grid.layout is not None or grid.pp > 1)
-    if staged:
-        picks = []
-        for s in range(grid.pp):
-            stage_ranks = [r for r in sorted(by_rank) if grid.stage(r) == s]
-            if stage_ranks:          # the lowest rank of the stage: tp 0, dp 0 where it was loaded
-                picks.append(stage_ranks[0])
+    if staged:                       # the lowest loaded rank of each stage: tp 0, dp 0 where loaded
+        first_of = {}                # (over the loaded ranks, not the pp a flag or file claims)
+        for r in sorted(by_rank):
+            s = grid.stage(r)
+            if s is not None:
+                first_of.setdefault(s, r)
+        picks = [first_of[s] for s in sorted(first_of)]
     else:
         picks = sorted(by_rank)[:max_rows]
     timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"
