@@ -82,6 +82,9 @@ def test_disk_full_while_writing_is_a_warning_and_no_partial_trace(tmp_path):
         os.symlink("/dev/full", out / name)
     (out / "rank-1.pt.trace.json.gz").mkdir()
     (out / "rank-1.pt.trace.json.gz" / "keep").write_text("x")
+    victim = tmp_path / "victim"                       # the old predictable temporary, planted as a link
+    victim.write_text("precious")
+    os.symlink(victim, out / "rank-0.pt.trace.partial.gz")
     run = run_trainer(out, 2, "--pipeline-model-parallel-size", "2", "--train-iters", "3",
                       "--profile-wait", "0", "--profile-warmup", "1", "--profile-active", "1")
     assert_ok(run)
@@ -89,7 +92,8 @@ def test_disk_full_while_writing_is_a_warning_and_no_partial_trace(tmp_path):
     assert "No space left on device" in run.stderr
     names = set(os.listdir(out))
     assert "rank-0.pt.trace.json.gz" in names and "rank-0.pt.trace.json.gz.diagsum" in names
-    assert not any(n.endswith(".partial") or ".partial." in n for n in names), names
+    assert not any(n.endswith(".partial") for n in names), names
+    assert victim.read_text() == "precious"
     d = diagnose(load_job(str(out), strict=True))
     assert [r.rank for r in d.ranks] == [0] and d.missing_ranks == [1]
 
@@ -138,3 +142,29 @@ def test_the_launchers_death_takes_its_ranks_down(tmp_path):
         r.kill()
     assert not alive, [r.pid for r in alive]
     assert len(gone) == 2
+
+
+def test_the_watchdog_names_a_rank_whose_steps_stopped(tmp_path):
+    """A rank alive but stuck (not stopped): its heartbeat says step 7 and then nothing; past the
+    timeout the watchdog names it and its step; a rank that said 'done' is not stuck."""
+    from instrumented_trainer.launch import Watchdog
+    from instrumented_trainer.telemetry.heartbeat import Heartbeat
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        stuck, finished = Heartbeat(0, str(tmp_path)), Heartbeat(1, str(tmp_path))
+        stuck.beat(7)
+        finished.beat(9)
+        finished.done()
+        dog = Watchdog(procs, str(tmp_path), timeout_s=1.0)
+        assert dog.stalled() is None                          # fresh beats
+        old = time.time() - 5
+        for r in (0, 1):
+            os.utime(tmp_path / f"rank-{r}", (old, old))
+        said = dog.stalled()
+        assert said == f"no training progress past --dist-timeout 1 s on rank 0 (pid {procs[0].pid}, at step 7, 5 s)"
+        assert Watchdog(procs, str(tmp_path), timeout_s=None).stalled() is None   # no timeout: no watchdog
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
