@@ -56,14 +56,14 @@ def advise_run(d: Diagnosis) -> tuple[Any, Any]:
     """(Advice, Calibration or why not) from diag.advise; (None, reason) where it is missing."""
     try:
         from diag.advise.calibrate import CalibrationError, calibrate
-        from diag.advise.recommend import advise
+        from diag.advise.results import Advice
     except ImportError as e:
         return None, f"the recommender is not installed ({e})"
     try:
-        cal = calibrate(d)
+        cal = calibrate(d)              # the model itself, for the what-if; the advice came with d
     except CalibrationError as e:
         cal = str(e)
-    return advise(d), cal
+    return Advice.of(d), cal
 
 
 def inside(root: Path, path: Path) -> bool:

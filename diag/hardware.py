@@ -157,6 +157,29 @@ def peak_flops(device_name: str | None, dtype: str | None) -> float | None:
     return PEAK_FLOPS[key].get(dt)
 
 
+# --- device memory -------------------------------------------------------------------------
+# Bytes of device memory by PEAK_FLOPS key where the name does not say it (datasheets above):
+# H100 SXM and PCIe 80 GB, H100 NVL 94 GB, H200 141 GB, B200 180 GB (HGX B200: 1.44 TB / 8),
+# MI250X / MI250 128 GB per OAM = 64 GB per GCD (the device PyTorch sees), MI300X 192 GB.
+# Memory "GB" on these datasheets are 2^30 bytes (80 GB HBM3 = 85,520,809,984 bytes in
+# deviceProperties.totalGlobalMem, 79.6 GiB usable).
+MEMORY_GIB: dict[str, float] = {"H100-SXM": 80, "H100-PCIE": 80, "H100-NVL": 94, "H200-SXM": 141, "H200-NVL": 141,
+                                "B200": 180, "MI250X": 64, "MI250": 64, "MI300X": 192}
+_GB_IN_NAME = re.compile(r"(\d+)\s*GB\b", re.IGNORECASE)
+
+
+def device_memory(device_name: str | None) -> float | None:
+    """Bytes of memory of one device from its name ("A100-SXM4-80GB", "H100 80GB HBM3") or the
+    table; None when neither says (an A100 or V100 without a size in its name)."""
+    if not isinstance(device_name, str):
+        return None
+    m = _GB_IN_NAME.search(device_name)
+    if m and 1 <= int(m.group(1)) <= 4096:
+        return int(m.group(1)) * float(1 << 30)
+    gib = MEMORY_GIB.get(device_key(device_name) or "")
+    return gib * float(1 << 30) if gib else None
+
+
 # --- links ---------------------------------------------------------------------------------
 # Unidirectional bytes/s per GPU, the figure busbw (nccl-tests) is compared with.
 LINKS: dict[str, float] = {

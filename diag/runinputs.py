@@ -90,8 +90,10 @@ def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Call
     if inputs.config:                      # after the traces: "the rest of the ranks" needs the world size
         from .runconfig import load_config
         config = load_config(inputs.config, world_size=job.world_size)
-    return diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
-                    shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+    d = diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
+                 shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+    from .advise.recommend import with_advice     # after the analysis: the layers run one way
+    return with_advice(d)
 
 
 def run_options(f):
@@ -114,6 +116,8 @@ def run_options(f):
                      help="A `diag bench` result to set each collective against (default: diag_bench.json "
                           "next to the traces)."),
         click.option("--swiglu/--no-swiglu", default=None, help="The MLP is SwiGLU (three matrices)."),
+        click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Device memory in GiB, to check that a recommendation fits (default: the device table)."),
         click.option("--pipeline-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv",
                                                                "dualpipev"]), default=None,
                      help="The pipeline schedule (default: read from the trace where it shows it)."),
@@ -130,6 +134,8 @@ def run_options(f):
         sizes = {k: kw.pop(k) for k, _, _ in SIZE_FLAGS}
         shape = {k: kw.pop(k) for k, _ in SHAPE_FLAGS}
         shape["swiglu"], shape["pipeline_schedule"] = kw.pop("swiglu"), kw.pop("pipeline_schedule")
+        gib = kw.pop("memory_per_gpu")
+        shape["memory_per_gpu_bytes"] = int(gib * (1 << 30)) if gib else None
         kw["inputs"] = RunInputs(
             sizes={k: v for k, v in sizes.items() if v is not None},
             shape={k: v for k, v in shape.items() if v is not None},

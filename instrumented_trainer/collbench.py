@@ -24,15 +24,13 @@ import torch.distributed as dist
 
 from diag.analysis.bandwidth import busbw, algbw, message_bytes
 from diag.layout import Axis, RankGrid
-from diag.trace.kinds import Coll
+from diag.trace.kinds import coll_from_arg
 from instrumented_trainer.launch import spawn
 
 SCHEMA = "diag.collbench/1"
 DTYPE, DTYPE_BYTES = torch.float32, 4
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
-COLL = {"all_reduce": Coll.ALL_REDUCE, "all_gather": Coll.ALL_GATHER,
-        "reduce_scatter": Coll.REDUCE_SCATTER, "broadcast": Coll.BROADCAST,
-        "all_to_all": Coll.ALL_TO_ALL, "send_recv": Coll.SEND_RECV}
+COLL = {op: coll_from_arg(op) for op in OPS}      # diag's one map of op names
 # torch >= 2.13 renamed the tensor forms; older versions only have the old names.
 _ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)

@@ -26,6 +26,7 @@ import atheris
 
 with atheris.instrument_imports(include=["diag"]):
     from diag.analysis import diagnose
+    from diag.advise.recommend import with_advice
     from diag.report import render
     from diag.trace import TraceError, load_job
 
@@ -52,7 +53,7 @@ def one_input(data: bytes) -> None:
             raise AssertionError(f"TraceError without the file or the problem: {e!r}") from e
         COUNTS["rejected"] += 1
     else:
-        d = diagnose(job)
+        d = with_advice(diagnose(job))
         for fmt in ("text", "json", "markdown"):
             render(d, fmt)
         COUNTS["diagnosed"] += 1

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import ROOT
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.analysis.benchcurve import parse_bench
 from diag.trace import load_job
 
@@ -24,7 +25,7 @@ def curve_doc(gbps_at: dict) -> dict:
 
 def test_efficiency_is_training_busbw_over_the_measured_curve():
     doc = curve_doc({("tp", "all_reduce"): 2.0, ("dp", "all_reduce"): 0.5, ("pp", "send_recv"): 1.0})
-    d = diagnose(load_job(SAMPLE), bench=parse_bench(doc))
+    d = with_advice(diagnose(load_job(SAMPLE), bench=parse_bench(doc)))
     checked = 0
     for o in d.comm.ops:
         want = {("tp", "all_reduce"): 2.0, ("dp", "all_reduce"): 0.5, ("pp", "send"): 1.0,
@@ -63,7 +64,7 @@ def rising_curve(axis: str, op: str, plateau_bytes: int, plateau_gbps: float) ->
 def test_dp_buckets_below_the_curves_plateau_get_a_recommendation():
     sample = os.path.join(ROOT, "sample_traces", "dp2_no_overlap")
     # the sample's model has 867,072 parameters: 3.3 MiB of fp32 gradients (TP = PP = 1)
-    d = diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", 2 << 20, 1.0)))
+    d = with_advice(diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", 2 << 20, 1.0))))
     (o,) = [o for o in d.comm.ops if o.axis == "dp" and o.op == "all_reduce" and o.size_bucket == "64KiB-1MiB"]
     assert o.plateau_gbps == pytest.approx(1.0) and o.plateau_bytes == 2 << 20   # first size >= 90% of the top
     # interpolated linearly in log2(size) between the measured powers of two around the size
@@ -79,5 +80,5 @@ def test_dp_buckets_below_the_curves_plateau_get_a_recommendation():
     assert rec.step_s_after == pytest.approx(step - dp.exposed_per_step_s * (1 - o.achievable_gbps / 1.0))
     # on the plateau already, or a plateau beyond all the gradients: nothing to propose
     for plateau in (1024, 64 << 20):
-        other = diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", plateau, 1.0)))
+        other = with_advice(diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", plateau, 1.0))))
         assert not [r for r in other.recommendations if r.rule == "dp_bucket_curve"], plateau

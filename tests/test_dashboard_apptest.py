@@ -19,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 from test_straggler_sets import turns_job
 
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.analysis.collect import summarize_file
 from diag.cli import main
 from diag.dashboard_cmd import resolve_root, streamlit_argv
@@ -54,7 +55,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def diagnosis(root):
-    return diagnose(load_job(str(root / "tp2_pp2_dp2")))
+    return with_advice(diagnose(load_job(str(root / "tp2_pp2_dp2"))))
 
 
 def app(root, monkeypatch, page=None, run="tp2_pp2_dp2", **query) -> AppTest:
@@ -149,7 +150,7 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
     at = app(root, monkeypatch, "compare")
     assert "Pick a second run" in at.info[0].value
     at.selectbox(key="compare_pick").set_value("pp2_m2").run()
-    other = diagnose(load_job(str(root / "pp2_m2")))
+    other = with_advice(diagnose(load_job(str(root / "pp2_m2"))))
     assert metrics(at) == {"A: tp2_pp2_dp2": f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
                            "B: pp2_m2": f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
     assert at.query_params["compare"] == "pp2_m2" and len(at.get("plotly_chart")) == 3

@@ -16,6 +16,7 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from diag.analysis import diagnose  # noqa: E402
+from diag.advise.recommend import with_advice  # noqa: E402
 from diag.dashboard_cmd import free_port  # noqa: E402
 from diag.report.html import render_html  # noqa: E402
 from diag.trace import load_job  # noqa: E402
@@ -71,13 +72,13 @@ def test_every_page_renders_in_chromium(tmp_path):
 
 
 def load_step_ms() -> float:
-    return diagnose(load_job(SAMPLE)).throughput.step_time_s * 1e3
+    return with_advice(diagnose(load_job(SAMPLE))).throughput.step_time_s * 1e3
 
 
 def test_html_report_opens_without_console_errors(tmp_path):
     os.makedirs(OUT, exist_ok=True)
     job = load_job(SAMPLE)
-    d = diagnose(job)
+    d = with_advice(diagnose(job))
     page = tmp_path / "report.html"
     page.write_text(render_html(d, d.gantt), encoding="utf-8")
     with chromium() as driver:

@@ -13,6 +13,7 @@ import math
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.report import render
 from diag.trace import TraceError, load_job
 
@@ -87,7 +88,7 @@ def check(path) -> None:
         assert str(path) in str(e) or e.path
         COUNT["rejected"] += 1
         return
-    d = diagnose(job)
+    d = with_advice(diagnose(job))
     for fmt in ("text", "json", "markdown"):
         render(d, fmt)
     for r in d.ranks:

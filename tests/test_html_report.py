@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from plotly.offline import get_plotlyjs_version
 
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.analysis.diagnose import job_layout, summaries_of
 from diag.analysis.gantt import rank_step
 from diag.cli import main
@@ -42,10 +43,10 @@ def test_cli_writes_a_self_contained_report(tmp_path):
 
 def test_report_holds_the_diagnosis_numbers():
     job = load_job(SAMPLE)
-    d = diagnose(job)
+    d = with_advice(diagnose(job))
     grid = job_layout(job, summaries_of(job))
     by_rank = {rt.rank: rt for rt in job.ranks}
-    # diagnose() carries the Gantt, made from the per-rank summaries; each row equals the one
+    # with_advice(diagnose()) carries the Gantt, made from the per-rank summaries; each row equals the one
     # made straight from that rank's trace
     assert d.gantt.rows and all(
         row == rank_step(by_rank[row.rank], step=row.step, grid=grid, min_idle_fraction=0.002)
@@ -65,7 +66,7 @@ def test_report_holds_the_diagnosis_numbers():
 
 
 def test_straggler_and_escaping_on_a_gpu_trace():
-    d = diagnose(load_job(DLRM))
+    d = with_advice(diagnose(load_job(DLRM)))
     page = render_html(dataclasses.replace(d, source="/runs/<img src=x onerror=alert(1)>"))
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     assert f"straggler: rank {d.comm.stragglers[0].rank} " in page

@@ -120,4 +120,4 @@ def test_sizes_name_the_axis_of_collectives_that_name_no_group():
     assert {o.axis for o in before.comm.ops} == {"unknown"} and before.layout is None
     after = open_run(path, RunInputs(sizes={"tp": 4}))
     assert {o.axis for o in after.comm.ops} == {"tp"}
-    assert after.layout == "tp4, from --tp (Megatron rank order)" and after.facts["tp"] == 4
+    assert after.layout == "tp4, from --tp (Megatron rank order)" and after.facts.tp == 4

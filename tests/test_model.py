@@ -26,8 +26,41 @@ def test_stage_order_1f1b_and_gpipe():
     for s in range(4):
         o = stage_order("1f1b", 4, s, 2)      # fewer micro-batches than warm-up slots
         assert sorted(o) == sorted([("F", i) for i in range(2)] + [("B", i) for i in range(2)])
-    with pytest.raises(NotImplementedError):
-        stage_order("interleaved", 4, 0, 8)
+    with pytest.raises(ValueError):               # Megatron-LM's interleaving needs m a multiple of p
+        stage_order("interleaved", 4, 0, 6, 2)
+
+
+@pytest.mark.parametrize("p,s,m,v", [(2, 0, 4, 2), (4, 1, 8, 2), (4, 3, 4, 3), (2, 1, 2, 4)])
+def test_interleaved_order_runs_every_chunk_of_every_micro_batch_once(p, s, m, v):
+    o = stage_order("interleaved", p, s, m, v)
+    assert sorted(o) == sorted((k, i, c) for k in "FB" for i in range(m) for c in range(v))
+    seen = set()
+    for k, i, c in o:                                   # a chunk's backward after its forward
+        assert k == "F" or ("F", i, c) in seen
+        seen.add((k, i, c))
+    warm = min((p - s - 1) * 2 + (v - 1) * p, m * v)    # Megatron-LM's warm-up forwards
+    assert all(k == "F" for k, _, _ in o[:warm]) and (warm == m * v or o[warm + 1][0] == "B")
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 4, 2), (2, 2, 4), (2, 4, 4)])
+def test_interleaved_step_is_m_plus_p_minus_1_over_v(p, m, v):
+    """Zero-cost communication: the interleaved step is (m + (p-1)/v)(tf+tb) (Narayanan et al. 2021:
+    the bubble (p-1)/(v m) of ideal compute), against 1F1B's (m + p - 1)(tf+tb)."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS)
+    tf, tb = 8 / p * MS, 2 * 8 / p * MS
+    t = simulate(w, Config(pp=p, num_micro_batches=m, schedule="interleaved", virtual_stages=v), Links(), steps=3)
+    assert t.step_time_s == approx((m + (p - 1) / v) * (tf + tb))
+
+
+def test_interleaved_sends_v_times_the_pipeline_messages():
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, p2p_bytes=1e6)
+    counts = {}
+    for v in (1, 2, 4):
+        c = Config(pp=2, num_micro_batches=4, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+        t = simulate(w, c, Links(pp=1e9), steps=3)
+        counts[v] = sum(1 for r in t.ranks for op, s in zip(r.op, r.step) if op == "send" and s == r.step[0])
+    # per step: each of m micro-batches crosses (p v - 1) virtual-stage boundaries, forward and backward
+    assert counts == {v: 2 * 4 * (2 * v - 1) for v in (1, 2, 4)}
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -139,9 +172,9 @@ def test_validation():
         Links(tp=0)
     with pytest.raises(ValueError):
         simulate(Workload(num_layers=6, fwd_s_per_layer=1.0), Config(pp=4), Links())
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError):       # interleaving needs the micro-batches a multiple of the stages
         simulate(Workload(num_layers=8, fwd_s_per_layer=1.0),
-                 Config(pp=2, num_micro_batches=4, schedule="interleaved", virtual_stages=2), Links())
+                 Config(pp=2, num_micro_batches=3, schedule="interleaved", virtual_stages=2), Links())
     assert math.isinf(Links().tp)
 
 

@@ -16,6 +16,7 @@ from diag.advise.propose import rerun_command
 from diag.advise.recommend import advise
 from diag.advise.synth import Shape, write_job
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.cli import main
 from diag.trace import load_job
 
@@ -25,7 +26,7 @@ ACT = 2048 * 4096 * 2               # synth Shape: seq 2048 x hidden 4096 x bf16
 
 def job(tmp_path, w, c, links, **kw):
     write_job(simulate(w, c, links, steps=4, **kw), str(tmp_path), c, w)
-    return diagnose(load_job(str(tmp_path)))
+    return with_advice(diagnose(load_job(str(tmp_path))))
 
 
 def test_pp_one_micro_batch_recommends_more_micro_batches(tmp_path):
@@ -92,7 +93,7 @@ def test_balanced_job_gets_no_recommendation(tmp_path):
 
 def test_real_straggler_trace():
     """dlrm 4 ranks: the others wait 1,008.8 ms per step for rank 2 (the analyser's finding)."""
-    d = diagnose(load_job("tests/data/dlrm_4_ranks_alltoall"))
+    d = with_advice(diagnose(load_job("tests/data/dlrm_4_ranks_alltoall")))
     top = d.recommendations[0]
     wait = next(f for f in d.findings if f.what == "waiting for rank 2")
     assert top.rule == "straggler" and "rank 2" in top.title
@@ -101,10 +102,10 @@ def test_real_straggler_trace():
 
 
 def test_sample_trace_recommendations_and_no_model_without_metadata():
-    d = diagnose(load_job("sample_traces/dp2_no_overlap"))
+    d = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap")))
     over = next(r for r in d.recommendations if r.rule == "dp_overlap")
     assert "--overlap-grad-reduce" in over.command and "--out sample_traces/dp2_no_overlap-dp_overlap" in over.command
-    a = advise(diagnose(load_job("tests/data/a100_single_ns_resolution")))
+    a = advise(with_advice(diagnose(load_job("tests/data/a100_single_ns_resolution"))))
     assert "cannot calibrate" in a.calibration[0]
 
 
@@ -122,3 +123,37 @@ def test_cli_recommend_json_and_bad_path(tmp_path):
     assert json.loads(r.output)["recommendations"][0]["rule"] == "straggler"
     r = CliRunner().invoke(main, ["recommend", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "error" in r.output
+
+
+def test_interleaving_is_simulated_and_prices_the_extra_messages(tmp_path):
+    """p=2, m=2 of micro-batch 1 (nothing to split), 8 layers: the bubble is 1/3 of the step. The
+    interleaved schedule is simulated, not estimated: its prediction equals the model's own step
+    for v virtual stages, (m + (p-1)/v)(tf+tb) plus v-fold pipeline messages on a slow PP link."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, p2p_bytes=ACT)
+    c = Config(pp=2, num_micro_batches=2, micro_batch_size=1)
+    links = Links(pp=100e9)
+    d = job(tmp_path, w, c, links)
+    (rec,) = [r for r in d.recommendations if r.rule == "interleave"]
+    v = int(rec.title.split(" with ")[1].split()[0])
+    assert rec.flags == {"--num-layers-per-virtual-pipeline-stage": str(4 // v)}
+    truth = step_time(w, Config(pp=2, num_micro_batches=2, micro_batch_size=1, schedule="interleaved",
+                                virtual_stages=v), links)
+    assert rec.step_s_after == pytest.approx(truth, rel=1e-3)
+    free = step_time(w, Config(pp=2, num_micro_batches=2, schedule="interleaved", virtual_stages=v), Links())
+    assert truth > free                                   # the extra messages are priced, not ignored
+    assert free == pytest.approx((2 + 1 / v) * 3 * 4 * MS, rel=1e-9)
+
+
+def test_full_recompute_that_memory_does_not_need_is_turned_off(tmp_path):
+    """Full recompute on a model that fits an 80 GB H100 without it: the rule proposes removing
+    --recompute-granularity, priced by the model as one forward per micro-batch less per layer:
+    step = m x L x (f + 2f + f) = 2 x 8 x 8 ms = 128 ms; without the recomputed forward 96 ms (-25%)."""
+    w = Workload(num_layers=8, fwd_s_per_layer=2 * MS, recompute="full")
+    c = Config(pp=1, num_micro_batches=2, micro_batch_size=1)
+    d = job(tmp_path, w, c, Links())
+    (rec,) = [r for r in d.recommendations if r.rule == "recompute"]
+    assert rec.flags == {"--recompute-granularity": None} and rec.title == "no activation recompute"
+    assert d.throughput.step_time_s == pytest.approx(2 * 8 * 2 * MS * 4, rel=1e-3)     # m x L x (f + 2f + f)
+    assert rec.step_s_after == pytest.approx(2 * 8 * 2 * MS * 3, rel=1e-3)              # the recompute gone
+    assert rec.memory_after_bytes > rec.memory_before_bytes and rec.memory_after_bytes < rec.memory_capacity_bytes
+    assert "--recompute-granularity" not in (rec.command or "")

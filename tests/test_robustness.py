@@ -7,6 +7,7 @@ import sys
 
 from conftest import ROOT
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.trace import Kind, load_job
 from kineto import TraceBuilder
 
@@ -67,7 +68,7 @@ def test_unknown_categories_phases_and_args_are_not_fatal(tmp_path):
     job = load_job(b.write(str(tmp_path / "new.json")), strict=True)
     t = job.ranks[0].events
     assert (t.kind == Kind.OTHER).sum() == 1                          # the new category is kept as OTHER
-    d = diagnose(job)
+    d = with_advice(diagnose(job))
     r = d.ranks[0]
     assert r.breakdown.compute_s > 0
     assert any("phase 'C'" in n for n in r.notes)                     # the counter event is counted, not fatal
@@ -93,7 +94,7 @@ def test_implausible_rank_or_world_size_is_unknown_not_a_crash(tmp_path):
         b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 10, 30, **{"Collective name": "allreduce",
                  "In msg nelems": 1024, "Out msg nelems": 1024, "Group size": 2, "dtype": "Float"})
         job = load_job(b.write(str(tmp_path / "r.json")), strict=True)
-        d = diagnose(job)
+        d = with_advice(diagnose(job))
         assert (d.ranks[0].rank, job.world_size) == (want_rank, want_world), (rank, world)
         if want_rank != rank:
             assert any("no usable rank" in n for n in job.notes)

@@ -20,6 +20,7 @@ from diag.advise import Config, Links, Workload, simulate
 from diag.advise.recommend import advise
 from diag.advise.synth import write_job
 from diag.analysis import diagnose
+from diag.advise.recommend import with_advice
 from diag.analysis.results import FindingKind, StragglerBasis, StragglerKind
 from diag.analysis.stragglers import smallest_set
 from diag.cli import main
@@ -42,7 +43,7 @@ def run(tmp_path, config, links, steps, delay, hosts=None):
     for rank, host in (hosts or {}).items():
         os.rename(tmp_path / f"rank-{rank}.pt.trace.json.gz",
                   tmp_path / f"{host}_{4000 + rank}.1698955063520869240.pt.trace.json.gz")
-    return diagnose(load_job(str(tmp_path)))
+    return with_advice(diagnose(load_job(str(tmp_path))))
 
 
 def collective_straggler(d):
@@ -190,7 +191,7 @@ def test_nothing_matched_cannot_tell_and_wait_is_unknown(tmp_path):
     os.remove(tmp_path / "diag_run.json")
     for rank in (0, 1):
         old_nccl_trace(tmp_path / f"rank-{rank}.pt.trace.json", drop_first_comm=rank == 1)
-    d = diagnose(load_job(str(tmp_path)))
+    d = with_advice(diagnose(load_job(str(tmp_path))))
     assert d.comm.stragglers_unknown == "no collective could be matched across ranks"
     assert not [s for s in d.comm.stragglers if s.basis == StragglerBasis.COLLECTIVES]
     assert all(o.wait_s is None for o in d.comm.ops) and all(r.wait_s is None for r in d.comm.ranks)
@@ -208,7 +209,7 @@ def test_matched_by_order_when_only_the_group_args_are_missing(tmp_path):
     os.remove(tmp_path / "diag_run.json")
     for rank in (0, 1):
         old_nccl_trace(tmp_path / f"rank-{rank}.pt.trace.json", drop_first_comm=False)
-    d = diagnose(load_job(str(tmp_path)))
+    d = with_advice(diagnose(load_job(str(tmp_path))))
     assert d.comm.stragglers_unknown is None
     assert collective_straggler(d).ranks == [1]
     assert [o.group_size for o in d.comm.ops] == [2] * len(d.comm.ops)

@@ -139,8 +139,9 @@ def test_rates_use_the_real_shape():
     from types import SimpleNamespace
 
     from diag.analysis.rates import throughput
+    from diag.runmeta import RunFacts
 
-    meta = dict(global_batch_size=16, seq_length=8192, num_layers=32, hidden_size=4096, vocab_size=128256,
+    meta = RunFacts(global_batch_size=16, seq_length=8192, num_layers=32, hidden_size=4096, vocab_size=128256,
                 ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8, swiglu=True)
     t = throughput([SimpleNamespace(step_time_s=2.0, device=None)], meta, 8, peak_tflops=1000)
     assert t.model_flops_per_step == 57_912_852_480 * 16 * 8192

@@ -32,7 +32,7 @@ POOR = ("python -m instrumented_trainer --nproc 2 --pipeline-model-parallel-size
 def _noise(r) -> float:
     """Within-run spread of r's unprofiled steps, or the drift between its repeats, the larger."""
     runs = [r.out] + sorted(glob.glob(r.out + "-[0-9]*"))
-    steps = [measured_steps(out, r.diagnosis.run or {}) for out in runs]
+    steps = [measured_steps(out, r.diagnosis.run) for out in runs]
     medians = [statistics.median(x) for x in steps if x]
     drift = max(medians) / min(medians) - 1 if medians else float("inf")
     return max([drift] + [spread(x) for x in steps if x])

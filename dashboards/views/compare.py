@@ -2,6 +2,7 @@
 import streamlit as st
 
 import ui
+from diag.analysis.results import steps_in_window
 from diag.report import charts
 
 a = ui.current()
@@ -29,7 +30,7 @@ def row(label: str, f, fmt):
 
 
 def mean_part(d, part):
-    n = charts.steps_in_window(d)
+    n = steps_in_window(d.ranks)
     return sum(getattr(r.breakdown, part) for r in d.ranks) / max(1, len(d.ranks)) / n
 
 

@@ -18,14 +18,14 @@ from typing import Optional
 
 import numpy as np
 
+from ..runmeta import RunFacts
 from ..analysis.bandwidth import bus_factor
-from ..analysis.results import Diagnosis
-from ..trace.kinds import Coll
+from ..analysis.results import Diagnosis, steps_in_window
+from ..trace.kinds import Coll, dtype_bytes
 from .model import Config, Links, Workload, step_time
 
 BWD_RATIO = 2.0
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 class CalibrationError(ValueError):
@@ -89,8 +89,8 @@ def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
                    p2p_bytes=w.p2p_bytes * k)
 
 
-def _need(meta: dict, d: Diagnosis, key: str):
-    v = meta.get(key)
+def _need(meta: RunFacts, d: Diagnosis, key: str):
+    v = getattr(meta, key)
     if v is None:
         raise CalibrationError(f"cannot calibrate the step-time model: {key} unknown (not in diag_run.json, "
                                f"--config or --{key.replace('_', '-')}, nor readable from the trace)")
@@ -98,7 +98,7 @@ def _need(meta: dict, d: Diagnosis, key: str):
 
 
 def _steps(d: Diagnosis) -> int:
-    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+    return steps_in_window(d.ranks)
 
 
 def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
@@ -106,12 +106,12 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
     if d.pipeline and d.pipeline.stages:
         stage_of = {r: st.stage for st in d.pipeline.stages for r in st.ranks}
     else:                                        # one stage, or the Megatron order as the facts say
-        tp = int(d.facts.get("tp") or 1)
+        tp = int(d.facts.tp or 1)
         dp = max(1, (d.world_size or len(d.ranks)) // (tp * pp))
         stage_of = {r.rank: r.rank // (tp * dp) for r in d.ranks}
     out = []
     for s in range(pp):
-        vals = [getattr(r.breakdown, what) / max(sum(x.in_window for x in r.steps), 1)
+        vals = [getattr(r.breakdown, what) / max(r.window_steps, 1)
                 for r in d.ranks if stage_of.get(r.rank) == s]
         out.append(float(np.mean(vals)) if vals else math.nan)
     if any(math.isnan(v) for v in out):
@@ -131,11 +131,11 @@ def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[fl
     return o.busbw_median_gbps * 1e9, o.median_bytes
 
 
-def _grad_bytes(d: Diagnosis, meta: dict, shards: int, notes: list) -> float:
+def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, notes: list) -> float:
     """Whole-model gradient bytes: fp32 per parameter, else what the DP all-reduces carried per step."""
-    if meta.get("parameter_count"):
+    if meta.parameter_count:
         notes.append("gradients fp32: 4 bytes per parameter of diag_run.json's parameter_count")
-        return 4.0 * float(meta["parameter_count"])
+        return 4.0 * float(meta.parameter_count)
     ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "dp" and o.median_bytes]
     per_rank = sum(o.median_bytes * o.calls / max(o.ranks, 1) for o in ops) / _steps(d)
     if ops:
@@ -143,10 +143,18 @@ def _grad_bytes(d: Diagnosis, meta: dict, shards: int, notes: list) -> float:
     return per_rank * shards
 
 
+def _schedule(meta: RunFacts) -> dict:
+    """The model's schedule and virtual stages for the run's: one chunk per rank is plain 1F1B."""
+    sched, v = model_schedule(meta.pipeline_schedule), int(meta.virtual_pipeline_stages or 1)
+    if sched != "interleaved" or v < 2:
+        return {"schedule": "1f1b" if sched == "interleaved" else sched, "virtual_stages": 1}
+    return {"schedule": sched, "virtual_stages": v}
+
+
 def calibrate(d: Diagnosis) -> Calibration:
-    meta = dict(d.facts or d.run or {})
-    tp, pp = int(meta.get("tp") or 1), int(meta.get("pp") or (d.pipeline.p if d.pipeline else 1))
-    dp = int(meta.get("dp") or max(1, (d.world_size or 1) // (tp * pp)))
+    meta = d.facts
+    tp, pp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1))
+    dp = int(meta.dp or max(1, (d.world_size or 1) // (tp * pp)))
     layers, mbs = int(_need(meta, d, "num_layers")), int(_need(meta, d, "micro_batch_size"))
     m = int(_need(meta, d, "num_micro_batches"))
     step = d.throughput.step_time_s if d.throughput else None
@@ -158,23 +166,24 @@ def calibrate(d: Diagnosis) -> Calibration:
     per_stage_halves = m * HALVES * layers // pp
     launch = float(np.median(idle)) / per_stage_halves
     mean_c = float(np.mean(compute))
-    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO))
+    recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
+    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO + (recompute == "full")))
     slowdown = {s: c / mean_c for s, c in enumerate(compute)} if pp > 1 else {}
     notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1, from {mean_c * 1e3:.3g} ms "
                  f"compute per stage per step (optimizer, embedding and loss folded in)")
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
     links = Links(**{a: _axis_link(d, a, notes)[0] for a in ("tp", "pp", "dp")})
-    act = mbs * int(meta.get("seq_length") or 0) * int(meta.get("hidden_size") or 0) * \
-        DTYPE_BYTES.get(meta.get("dtype") or "bf16", 2)
+    act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * \
+        (dtype_bytes(meta.dtype or "bf16") or 2)
     grad = _grad_bytes(d, meta, tp * pp, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch)
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
-               schedule=model_schedule(meta.get("pipeline_schedule")),
-               overlap_grad_reduce=bool(meta.get("overlap_grad_reduce")),
-               bucket_bytes=4.0 * float(meta.get("ddp_bucket_size") or 1e7))
+               **_schedule(meta),
+               overlap_grad_reduce=bool(meta.overlap_grad_reduce),
+               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7))
     tokens = d.throughput.tokens_per_step if d.throughput else None
     model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "

@@ -40,10 +40,10 @@ def recommend(path: str, fmt: str, output, force: bool, inputs) -> None:
     """Recommend the next configuration to try for the run at PATH, with predicted gains."""
     from ..cli import emit, refuse_or_exit, run_files
     from ..report.advice import render_advice
-    from .recommend import advise
+    from .results import Advice
 
     refuse_or_exit(output, run_files(path, inputs), force)
-    emit(render_advice(advise(_diagnose(path, inputs)), fmt), output)
+    emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
 
 
 @click.command()

@@ -12,7 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..analysis.results import Diagnosis
+from ..runmeta import RunFacts
+from ..analysis.results import Diagnosis, steps_in_window
 
 CONFIG_KEYS = ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "global_batch_size",
                "pipeline_schedule", "overlap_grad_reduce", "ddp_bucket_size", "dtype")
@@ -44,7 +45,7 @@ class Comparison:
 
 
 def _steps(d: Diagnosis) -> int:
-    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+    return steps_in_window(d.ranks)
 
 
 def _mean_per_step(d: Diagnosis, attr: str) -> Optional[float]:
@@ -95,9 +96,9 @@ def compare(a: Diagnosis, b: Diagnosis) -> Comparison:
         vb = mb[key][0]
         if va is not None or vb is not None:
             c.rows.append(Row(key[0], key[1], va, vb, better))
-    ra, rb = a.run or {}, b.run or {}
-    c.config = [[k, ra.get(k), rb.get(k)] for k in CONFIG_KEYS if ra.get(k) != rb.get(k)]
-    if not ra or not rb:
+    ra, rb = a.run or RunFacts(), b.run or RunFacts()
+    c.config = [[k, getattr(ra, k), getattr(rb, k)] for k in CONFIG_KEYS if getattr(ra, k) != getattr(rb, k)]
+    if a.run is None or b.run is None:
         c.notes.append("a run without diag_run.json: its configuration is unknown")
     if (a.world_size or 0) != (b.world_size or 0):
         c.notes.append(f"world sizes differ ({a.world_size} vs {b.world_size}): compare tokens/s/GPU, not step time")

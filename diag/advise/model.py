@@ -144,7 +144,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, w.grad_bytes / (c.tp * w.num_layers), c, links),
-        optimizer_s=w.optimizer_s / (c.tp * c.pp), overlap_dp=c.overlap_grad_reduce)
+        optimizer_s=w.optimizer_s / (c.tp * c.pp), overlap_dp=c.overlap_grad_reduce, chunks=c.virtual_stages)
 
 
 def place(grid: RankGrid, rank: int) -> Place:

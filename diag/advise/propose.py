@@ -8,11 +8,13 @@ exact command that re-runs the job with the changed flags.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from ..analysis.results import AxisOverlap, Diagnosis
+from . import memory as mem
 from .calibrate import Calibration
+from .model import Config
 from .results import Evidence, Recommendation
 
 MIN_GAIN = 0.02            # a change the model prices under 2% of the step is not worth a re-run
@@ -51,26 +53,81 @@ class Context:
     d: Diagnosis
     cal: Optional[Calibration]
     step_s: Optional[float]
+    memory: Optional[mem.MemoryModel] = None
+    mem_config: Optional[mem.MemoryConfig] = None    # the measured run's
+    capacity: Optional[float] = None                 # bytes per device; None: unknown
+    dropped: list = field(default_factory=list)      # changes that do not fit, in words
+    memory_unknown: str = "peak memory not modelled"  # why, when memory is None
+
+    def _memory(self, rec: Recommendation, config: Optional[Config], changes: dict) -> bool:
+        """Put the modelled peaks on rec; pair it with the least ZeRO stage that makes it fit.
+        False when nothing makes it fit (rec is then dropped and said in ctx.dropped)."""
+        if self.memory is None or self.mem_config is None:
+            rec.assumptions.append(f"{self.memory_unknown}: check the new configuration fits")
+            return True
+        now = self.memory.peak(self.mem_config)
+        after_cfg = replace(self.mem_config, **changes)
+        if config is not None:
+            after_cfg = replace(after_cfg, tp=config.tp, pp=config.pp, dp=config.dp,
+                                micro_batch_size=config.micro_batch_size, num_micro_batches=config.num_micro_batches,
+                                schedule=config.schedule, virtual_stages=config.virtual_stages)
+        after = self.memory.peak(after_cfg)
+        rec.memory_capacity_bytes = self.capacity
+        if self.capacity and after.total > self.capacity:
+            fit = self.memory.fitting(after_cfg, self.capacity)
+            if fit is None:
+                self.dropped.append(f"{rec.title}: {mem.human(after.total)} per rank modelled, over the "
+                                    f"{mem.human(self.capacity)} device even with ZeRO-3 ({after.arithmetic()})")
+                return False
+            over, words = after, mem.lever_words(after_cfg, fit)
+            after = self.memory.peak(fit)
+            rec.title += f", with {words} to fit"
+            rec.flags.update(mem.lever_flags(after_cfg, fit))
+            rec.memory.append(f"without {words}: {over.arithmetic()}: over the device's {mem.human(self.capacity)}")
+            if fit.zero >= 3:
+                rec.assumptions.append("ZeRO-3's parameter all-gathers in forward and backward are not priced "
+                                       "in the step time")
+            if fit.recompute == "full" and after_cfg.recompute != "full" and not self._reprice_recompute(rec, config):
+                self.dropped.append(f"{rec.title}: with full recompute it is no longer faster")
+                return False
+            if rec.command:
+                rec.command = rerun_command(self.d.run.command if self.d.run else None, rec.flags, rec.rule)
+        rec.memory_before_bytes, rec.memory_after_bytes = now.total, after.total
+        rec.memory[:0] = [f"now: {now.arithmetic()}", f"after: {after.arithmetic()}", self.memory.basis]
+        return True
 
     def axis(self, name: str) -> Optional[AxisOverlap]:
         return next((a for a in (self.d.comm.axes if self.d.comm else []) if a.axis == name), None)
 
+    def _reprice_recompute(self, rec: Recommendation, config: Optional[Config]) -> bool:
+        """The step with one more forward per micro-batch (full recompute); False if no longer a gain."""
+        if self.cal is None or config is None or not self.step_s:
+            rec.assumptions.append("full recompute's extra forward is not priced")
+            return True
+        rec.step_s_after = self.cal.predict(config, replace(self.cal.workload, recompute="full"))
+        tokens = self.cal.tokens_per_step
+        rec.tokens_per_s_after = tokens / rec.step_s_after if tokens else None
+        return rec.step_s_after <= self.step_s * (1 - MIN_GAIN)
+
     def make(self, rule: str, title: str, evidence: list, flags: dict, after: Optional[float],
-             confidence: Optional[str] = None, **kw) -> list[Recommendation]:
+             confidence: Optional[str] = None, config: Optional[Config] = None, memory: Optional[dict] = None,
+             **kw) -> list[Recommendation]:
         """One recommendation, or none when the predicted gain is below MIN_GAIN."""
         if after is not None and self.step_s and rule != "straggler" and after > self.step_s * (1 - MIN_GAIN):
             return []
         conf = confidence or (_confidence(self.cal.fit_error) if self.cal else "low")
         runnable = kw.pop("runnable", True)
-        cmd = rerun_command((self.d.run or {}).get("command"), flags, rule) if flags and runnable else None
+        cmd = rerun_command(self.d.run.command if self.d.run else None, flags, rule) if flags and runnable else None
         tokens = (self.cal.tokens_per_step if self.cal else None) or \
             (self.d.throughput.tokens_per_step if self.d.throughput else None)
         rate = (lambda s: tokens / s if tokens and s else None)
         assumptions = kw.pop("assumptions", [])
-        return [Recommendation(rule=rule, title=title, evidence=evidence, flags=flags, command=cmd,
-                               step_s_before=self.step_s, step_s_after=after,
-                               tokens_per_s_before=rate(self.step_s), tokens_per_s_after=rate(after),
-                               confidence=conf, runnable=runnable, assumptions=assumptions, **kw)]
+        rec = Recommendation(rule=rule, title=title, evidence=evidence, flags=dict(flags), command=cmd,
+                             step_s_before=self.step_s, step_s_after=after,
+                             tokens_per_s_before=rate(self.step_s), tokens_per_s_after=rate(after),
+                             confidence=conf, runnable=runnable, assumptions=list(assumptions), **kw)
+        moves = config is not None or memory is not None
+        return [rec] if not moves or self._memory(rec, config, memory or {}) else []
 
     def best(self, rule: str, candidates: list, evidence: list, title: Callable, slowdown=None,
              prefer: Optional[Callable] = None, **kw) -> list[Recommendation]:
@@ -86,4 +143,4 @@ class Context:
             after, config, flags = min(enough, key=lambda x: prefer(x[1]))
         alts = [f"{title(c)}: {a * 1e3:,.1f} ms predicted" for a, c, _ in sorted(priced, key=lambda x: x[0])[1:]]
         kw["assumptions"] = kw.get("assumptions", []) + (["other candidates: " + "; ".join(alts)] if alts else [])
-        return self.make(rule, title(config), evidence, flags, after, **kw)
+        return self.make(rule, title(config), evidence, flags, after, config=config, **kw)

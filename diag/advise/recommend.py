@@ -7,9 +7,10 @@ crosses its threshold it says so plainly instead of inventing a change.
 from __future__ import annotations
 
 from ..analysis.results import Diagnosis
+from . import memory as mem
 from .calibrate import CalibrationError, calibrate
 from .propose import Context
-from .results import Advice, Recommendation
+from .results import Advice, Basis, Recommendation
 from .rules import RULES
 
 
@@ -26,11 +27,16 @@ def advise(d: Diagnosis) -> Advice:
         notes = list(cal.assumptions)
     except CalibrationError as e:
         cal, notes = None, [f"{e}; only rules that need no model were tried"]
-    ctx = Context(d=d, cal=cal, step_s=step)
+    memory, mem_config, capacity, mem_notes = mem.of_diagnosis(d)
+    notes += mem_notes + ([f"device memory {mem.human(capacity)} per GPU"] if capacity else
+                          ["device memory unknown (--memory-per-gpu): recommendations are not checked for fit"])
+    ctx = Context(d=d, cal=cal, step_s=step, memory=memory, mem_config=mem_config, capacity=capacity,
+                  memory_unknown=mem_notes[0] if memory is None else "")
     recs: list[Recommendation] = []
     for rule in RULES:
         recs += rule(ctx)
     recs.sort(key=_saved, reverse=True)
+    notes += [f"dropped, does not fit: {x}" for x in ctx.dropped]
     nothing = None
     if not recs:
         nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "
@@ -39,6 +45,16 @@ def advise(d: Diagnosis) -> Advice:
                   measured_step_s=step, nothing=nothing)
 
 
-def recommend(d: Diagnosis) -> list[Recommendation]:
-    """Ranked recommendations, biggest predicted saving first (what Diagnosis.recommendations holds)."""
-    return advise(d).recommendations
+def with_advice(d: Diagnosis) -> Diagnosis:
+    """d with its recommendations and what they rest on, computed once for the run. Advice must not
+    cost the diagnosis: a recommender failure becomes a note."""
+    try:
+        a = advise(d)
+    except Exception as e:                       # noqa: BLE001
+        d.notes.append(f"recommendations could not be computed ({type(e).__name__}: {e}); "
+                       "the diagnosis above is complete")
+        return d
+    d.recommendations = a.recommendations
+    d.advice_basis = Basis(calibration=a.calibration, model_step_s=a.model_step_s,
+                           measured_step_s=a.measured_step_s, nothing=a.nothing)
+    return d

@@ -42,6 +42,10 @@ class Recommendation:
     assumptions: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)   # what to look at (stragglers), when there is no flag
     runnable: bool = True              # False when the instrumented trainer lacks the flag (Megatron-LM only)
+    memory_before_bytes: Optional[float] = None   # modelled peak of the largest rank, measured configuration
+    memory_after_bytes: Optional[float] = None    # ... after the change (advise/memory.py)
+    memory_capacity_bytes: Optional[float] = None  # the device's memory (--memory-per-gpu); None: unknown
+    memory: list[str] = field(default_factory=list)   # the arithmetic behind the two peaks
 
     def __post_init__(self) -> None:
         if self.confidence not in CONFIDENCES:
@@ -58,6 +62,16 @@ class Recommendation:
 
 
 @dataclass
+class Basis:
+    """What a diagnosis's recommendations rest on, carried beside them in the Diagnosis."""
+
+    calibration: list[str] = field(default_factory=list)   # assumptions and measured inputs, in words
+    model_step_s: Optional[float] = None                   # the model's step time for the measured config
+    measured_step_s: Optional[float] = None
+    nothing: Optional[str] = None                          # why nothing is recommended, when nothing is
+
+
+@dataclass
 class Advice:
     """The ranked recommendations for one diagnosis, and what the model was calibrated on."""
 
@@ -66,3 +80,10 @@ class Advice:
     model_step_s: Optional[float] = None                   # the model's step time for the measured config
     measured_step_s: Optional[float] = None
     nothing: Optional[str] = None                          # why nothing is recommended, when nothing is
+
+    @classmethod
+    def of(cls, d) -> "Advice":
+        """The advice a Diagnosis carries (advise.recommend.with_advice computed it once)."""
+        b = d.advice_basis or Basis()
+        return cls(recommendations=list(d.recommendations), calibration=list(b.calibration),
+                   model_step_s=b.model_step_s, measured_step_s=b.measured_step_s, nothing=b.nothing)

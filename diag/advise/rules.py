@@ -31,6 +31,8 @@ HALF = re.compile(r"bf16|f16|fp16|h\d+gemm|hgemm|tf32", re.I)
 
 
 DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plateau busbw
+# The instrumented trainer runs the interleaved schedule (--num-layers-per-virtual-pipeline-stage).
+INTERLEAVED_RUNNABLE = False
 GRAD_BYTES = 4               # the trainer keeps fp32 gradients (calibrate.py assumes the same)
 
 
@@ -65,19 +67,44 @@ def bubble(ctx: Context) -> list[Recommendation]:
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
-    """Interleaved virtual stages: the bubble divided by v (Megatron-LM; the trainer has no such schedule)."""
-    c, p = ctx.cal.config, ctx.d.pipeline
+    """Interleaved virtual stages (Megatron-LM's interleaved 1F1B), simulated on the model: the
+    bubble shrinks to (p-1)/(v·m) of ideal compute, the pipeline sends grow v-fold."""
+    c = ctx.cal.config
     per_stage = ctx.cal.workload.num_layers // c.pp
     if c.schedule != "1f1b" or per_stage < 2 or c.num_micro_batches % c.pp:
         return []
-    bubble_s = max(s.bubble_s or 0.0 for s in p.stages)      # None: a stage's bubble is unknown
-    after = ctx.step_s - bubble_s * (1 - 1 / 2)
-    return ctx.make("bubble", f"interleaved 1F1B with 2 virtual stages per rank ({per_stage // 2} layers each)", e,
-                    {"--num-layers-per-virtual-pipeline-stage": str(per_stage // 2)}, after, confidence="low",
+    cands = [(replace(c, schedule="interleaved", virtual_stages=v), None,
+              {"--num-layers-per-virtual-pipeline-stage": str(per_stage // v)})
+             for v in _divisors(per_stage)[1:]]
+    return ctx.best("interleave", cands, e, lambda k: f"interleaved 1F1B with {k.virtual_stages} virtual stages "
+                    f"per rank ({per_stage // k.virtual_stages} layer{'s' * (per_stage // k.virtual_stages > 1)} each)", prefer=lambda k: k.virtual_stages,
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
-                        "price of v times more pipeline messages",
-                    assumptions=["estimated as the measured bubble halved, not simulated (the model has no "
-                                 "interleaved schedule); extra p2p messages not priced"], runnable=False)
+                        "price of v times more pipeline messages, which the model prices on the measured PP link",
+                    assumptions=["the fewest virtual stages within 80% of the best predicted gain are proposed"],
+                    runnable=INTERLEAVED_RUNNABLE)
+
+
+def recompute_off(ctx: Context) -> list[Recommendation]:
+    """Full activation recompute on, and the memory model says the run fits without it on this
+    device -> turn it off: one forward per micro-batch less (selective recompute if only that fits)."""
+    if ctx.cal is None or ctx.cal.workload.recompute != "full" or not (ctx.memory and ctx.capacity):
+        return []
+    cfg = ctx.mem_config
+    for mode in ("none", "selective"):
+        peak = ctx.memory.peak(replace(cfg, recompute=mode)).total
+        if peak <= ctx.capacity:
+            break
+    else:
+        return []
+    e = [ev(f"modelled peak memory with {mode} recompute / device memory", peak / ctx.capacity, 1.0, "ratio",
+            "docs/memory.md")]
+    w = replace(ctx.cal.workload, recompute="none")          # the model has no selective recompute: its
+    return ctx.best("recompute", [(ctx.cal.config, w, {"--recompute-granularity": None if mode == "none" else mode})],
+                    e, lambda k: "no activation recompute" if mode == "none" else "selective instead of full recompute",
+                    why="full recompute runs every layer's forward again in backward (a third more compute) to "
+                        "save activation memory this run does not need",
+                    assumptions=[] if mode == "none" else ["selective recompute's attention recompute not priced"],
+                    memory={"recompute": mode})
 
 
 def dp_overlap(ctx: Context) -> list[Recommendation]:
@@ -120,7 +147,7 @@ def tp_layout(ctx: Context) -> list[Recommendation]:
                     f"TP {c.tp} x PP {c.pp} x DP {c.dp}", slowdown={},
                     why="TP all-reduces sit on the critical path of every layer; fewer TP ranks send fewer, and PP "
                         "or DP traffic is smaller or hidden",
-                    assumptions=["stages assumed balanced in the new layout", "memory per GPU grows: check it fits"])
+                    assumptions=["stages assumed balanced in the new layout"])
 
 
 def micro_batch(ctx: Context) -> list[Recommendation]:
@@ -149,7 +176,7 @@ def micro_batch(ctx: Context) -> list[Recommendation]:
                     f"{c.micro_batch_size} (same global batch)",
                     why="per-kernel launch and host overhead is paid per micro-batch; larger ones amortise it "
                         "(the model also prices the bigger pipeline bubble of fewer micro-batches)",
-                    assumptions=["memory per GPU grows with the micro-batch: check it fits"])
+                    assumptions=[])
 
 
 def _double_micro_batch(ctx: Context, f, e: list) -> list[Recommendation]:
@@ -212,7 +239,7 @@ def bf16(ctx: Context) -> list[Recommendation]:
     if total <= 0 or fp32 / total < FP32_MIN:
         return []
     r = on_gpu[0]
-    steps = max(sum(s.in_window for s in r.steps), 1)
+    steps = max(r.window_steps, 1)
     saved = 0.5 * (fp32 / total) * r.breakdown.compute_s / steps
     e = [ev(f"fp32 GEMM share of compute kernel time, rank {r.rank}", fp32 / total, FP32_MIN, "fraction",
             "Top kernels")]
@@ -289,14 +316,14 @@ def dp_bucket_curve(ctx: Context) -> list[Recommendation]:
     size): the exposed DP time shrinks like busbw now / busbw on the plateau.
     """
     a = ctx.axis("dp")
-    meta = ctx.d.facts or ctx.d.run or {}
+    meta = ctx.d.facts
     ops = [o for o in (ctx.d.comm.ops if ctx.d.comm else []) if o.axis == "dp" and o.op == "all_reduce"
            and o.achievable_gbps and o.plateau_gbps and o.plateau_bytes and o.median_bytes]
-    if a is None or not ops or not ctx.step_s or not meta.get("ddp_bucket_size"):
+    if a is None or not ops or not ctx.step_s or not meta.ddp_bucket_size:
         return []
     o = max(ops, key=lambda x: x.time_s)
     per_element = GRAD_BYTES
-    grads = (meta.get("parameter_count") or 0) * per_element / max(1, (meta.get("tp") or 1) * (meta.get("pp") or 1))
+    grads = (meta.parameter_count or 0) * per_element / max(1, (meta.tp or 1) * (meta.pp or 1))
     if o.achievable_gbps >= DP_CURVE_SHARE * o.plateau_gbps or o.plateau_bytes <= o.median_bytes \
             or not grads or o.plateau_bytes > grads:       # a bucket larger than all gradients never fills
         return []
@@ -356,4 +383,4 @@ def unpriced(ctx: Context) -> list[Recommendation]:
     return out
 
 
-RULES = (bubble, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)
+RULES = (bubble, recompute_off, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)

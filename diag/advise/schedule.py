@@ -39,8 +39,29 @@ class Instr:
             raise ValueError(f"{self.name}: negative duration {self.dur_s}")
 
 
-def stage_order(schedule: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
-    """(pass, micro-batch) in the order stage s of p runs them: pass is "F" or "B".
+def interleaved_order(p: int, s: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """(pass, micro-batch, model chunk) in the order stage s of p runs them under Megatron-LM's
+    interleaved 1F1B (`forward_backward_pipelining_with_interleaving`): micro-batches go through
+    the v chunks in groups of p; (p-s-1)*2 + (v-1)*p warm-up forwards, then one forward and one
+    backward alternately, then the remaining backwards. Forward k runs chunk (k // p) % v of
+    micro-batch (k // (p v)) p + k % p; backward k the chunks in reverse."""
+    if m % p:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) to be a multiple of the stages ({p})")
+    total = m * v
+    warm = min((p - s - 1) * 2 + (v - 1) * p, total)
+
+    def mb(k): return (k // (p * v)) * p + k % p
+    def fwd(k): return ("F", mb(k), (k // p) % v)
+    def bwd(k): return ("B", mb(k), v - 1 - (k // p) % v)
+    order = [fwd(k) for k in range(warm)]
+    for j in range(total - warm):
+        order += [fwd(warm + j), bwd(j)]
+    return order + [bwd(k) for k in range(total - warm, total)]
+
+
+def stage_order(schedule: str, p: int, s: int, m: int, v: int = 1) -> list[tuple]:
+    """(pass, micro-batch) in the order stage s of p runs them: pass is "F" or "B"; for the
+    interleaved schedule (pass, micro-batch, chunk) of its v chunks (interleaved_order).
 
     1F1B (PipeDream-flush, Megatron's non-interleaved schedule): min(p-s-1, m) warm-up
     forwards, then one forward and one backward alternately, then the remaining backwards.
@@ -57,7 +78,7 @@ def stage_order(schedule: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
             order += [("F", w + j), ("B", j)]
         return order + [("B", i) for i in range(m - w, m)]
     if schedule == "interleaved":
-        raise NotImplementedError("the interleaved 1F1B schedule is not modelled yet; use 1f1b or gpipe")
+        return interleaved_order(p, s, m, v)
     raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
 
 
@@ -76,6 +97,7 @@ class StageCosts:
     buckets: tuple                  # ((last layer of bucket in backward order, bytes, seconds), ...)
     optimizer_s: float
     overlap_dp: bool
+    chunks: int = 1                 # model chunks per rank (v of the interleaved schedule)
 
 
 @dataclass(frozen=True)
@@ -106,40 +128,52 @@ class ProgramWriter:
         self._seq[group] = n + 1
         return Instr("coll", name, dur, axis, "all_reduce", nbytes, group, ("coll", self.step, group, n))
 
-    def _p2p(self, what: str, kind: str, mb: int, src: int, dst: int) -> Instr:
+    def _p2p(self, what: str, kind: str, mb: int, src: int, dst: int, to_chunk: int = 0) -> Instr:
         c = self.c
         return Instr(what, f"{what}_{kind}", c.p2p_s if what == "send" else 0.0, "pp", what,
-                     c.p2p_bytes, self.p.pp_group, ("p2p", kind, self.step, mb, src, dst))
+                     c.p2p_bytes, self.p.pp_group, ("p2p", kind, self.step, mb, src, dst, to_chunk))
+
+    def _virtual(self, chunk: int, delta: int) -> Optional[tuple[int, int]]:
+        """(rank, chunk) of the virtual stage delta (+-1) away from this rank's `chunk`; None past
+        either end. Virtual stage = chunk x p + stage: the last stage feeds chunk + 1 on stage 0."""
+        p = self.p
+        vs = chunk * p.stages + p.stage + delta
+        if not 0 <= vs < p.stages * self.c.chunks:
+            return None
+        same = p.prev_rank if delta < 0 else p.next_rank
+        return (same if same is not None else p.pp_group[vs % p.stages]), vs // p.stages
 
     def _half(self, name: str, dur: float) -> None:
         self.main.append(Instr("compute", name, dur))
         if len(self.p.tp_group) > 1:
             self.main.append(self._coll("tp", self.p.tp_group, self.c.tp_bytes, self.c.tp_ar_s, "tp_all_reduce"))
 
-    def forward(self, mb: int) -> None:
-        p = self.p
-        if p.prev_rank is not None:
-            self.main.append(self._p2p("recv", "act", mb, p.prev_rank, p.rank))
-        for _ in range(self.c.layers):
+    def forward(self, mb: int, chunk: int = 0) -> None:
+        p, per_chunk = self.p, self.c.layers // self.c.chunks
+        if (src := self._virtual(chunk, -1)) is not None:
+            self.main.append(self._p2p("recv", "act", mb, src[0], p.rank, chunk))
+        for _ in range(per_chunk):
             self._half("fwd_attn", self.c.fwd_half_s)
             self._half("fwd_mlp", self.c.fwd_half_s)
-        if p.next_rank is not None:
-            self.main.append(self._p2p("send", "act", mb, p.rank, p.next_rank))
+        if (dst := self._virtual(chunk, +1)) is not None:
+            self.main.append(self._p2p("send", "act", mb, p.rank, dst[0], dst[1]))
 
-    def backward(self, mb: int, last: bool) -> None:
+    def backward(self, mb: int, last: bool, chunk: int = 0) -> None:
         p, c = self.p, self.c
-        if p.next_rank is not None:
-            self.main.append(self._p2p("recv", "grad", mb, p.next_rank, p.rank))
+        per_chunk = c.layers // c.chunks
+        if (src := self._virtual(chunk, +1)) is not None:
+            self.main.append(self._p2p("recv", "grad", mb, src[0], p.rank, chunk))
         closing = {b[0]: i for i, b in enumerate(c.buckets)}
-        for layer in range(c.layers):            # backward order: last layer first
+        first = (c.chunks - 1 - chunk) * per_chunk   # backward order over the stage: later chunks first
+        for layer in range(first, first + per_chunk):
             if c.recompute_s > 0:
                 self.main.append(Instr("compute", "recompute_fwd", c.recompute_s))
             self._half("bwd_mlp", c.bwd_half_s)
             self._half("bwd_attn", c.bwd_half_s)
             if last and c.overlap_dp and layer in closing:
                 self.main.append(Instr("launch", key=("bucket", self.step, closing[layer])))
-        if p.prev_rank is not None:
-            self.main.append(self._p2p("send", "grad", mb, p.rank, p.prev_rank))
+        if (dst := self._virtual(chunk, -1)) is not None:
+            self.main.append(self._p2p("send", "grad", mb, p.rank, dst[0], dst[1]))
 
     def grad_sync_and_optimizer(self) -> None:
         c, p = self.c, self.p
@@ -162,11 +196,12 @@ def step_program(schedule: str, m: int, place: Place, costs: StageCosts, step: i
     w.main.append(Instr("mark", key=("step", step)))
     if delay_s > 0:
         w.main.append(Instr("idle", "straggler delay", delay_s))
-    for kind, mb in stage_order(schedule, place.stages, place.stage, m):
+    for kind, mb, *chunk in stage_order(schedule, place.stages, place.stage, m, costs.chunks):
+        ch = chunk[0] if chunk else 0
         if kind == "F":
-            w.forward(mb)
+            w.forward(mb, ch)
         else:
-            w.backward(mb, last=mb == m - 1)
+            w.backward(mb, last=mb == m - 1, chunk=ch)
     w.grad_sync_and_optimizer()
     return w.main, w.dp
 

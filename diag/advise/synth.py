@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import runmeta
+from ..runmeta import RunFacts
 from .model import Config, RankOps, Timeline, Workload
 
 US = 1e6
@@ -127,18 +129,20 @@ class _RankWriter:
                 "displayTimeUnit": "ms", "traceEvents": self.events}
 
 
-def run_meta(config: Config, workload: Workload, shape: Shape, device_name: str) -> dict:
-    """diag_run.json as the trainer writes it (docs/run_metadata.md)."""
+def run_meta(config: Config, workload: Workload, shape: Shape, device_name: str) -> RunFacts:
+    """diag_run.json as the trainer writes it (diag.runmeta, docs/run_metadata.md)."""
     c = config
-    return {"schema_version": 1, "tp": c.tp, "pp": c.pp, "dp": c.dp, "world_size": c.grid.world_size,
-            "rank_order": "tp-dp-pp", "micro_batch_size": c.micro_batch_size, "num_micro_batches": c.num_micro_batches,
-            "global_batch_size": c.micro_batch_size * c.num_micro_batches * c.dp, "seq_length": shape.seq_length,
-            "num_layers": workload.num_layers, "hidden_size": shape.hidden_size,
-            "num_attention_heads": shape.num_attention_heads, "vocab_size": shape.vocab_size,
-            "ffn_hidden_size": shape.ffn_hidden_size, "dtype": "bf16", "device": "cuda", "device_name": device_name,
-            "peak_flops": shape.peak_flops, "pipeline_schedule": c.schedule, "virtual_pipeline_stages": c.virtual_stages,
-            "overlap_grad_reduce": c.overlap_grad_reduce, "ddp_bucket_size": int(c.bucket_bytes // 2),
-            "backend": "nccl", "backend_version": None, "command": "synthesised by diag.advise.synth", "profile": None}
+    return RunFacts(
+        tp=c.tp, pp=c.pp, dp=c.dp, world_size=c.grid.world_size, rank_order="tp-dp-pp",
+        micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches,
+        global_batch_size=c.micro_batch_size * c.num_micro_batches * c.dp, seq_length=shape.seq_length,
+        num_layers=workload.num_layers, hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads, vocab_size=shape.vocab_size,
+        ffn_hidden_size=shape.ffn_hidden_size, dtype="bf16", device="cuda", device_name=device_name,
+        peak_flops=shape.peak_flops, pipeline_schedule=c.schedule, virtual_pipeline_stages=c.virtual_stages,
+        overlap_grad_reduce=c.overlap_grad_reduce, ddp_bucket_size=int(c.bucket_bytes // 2),
+        recompute_granularity="full" if workload.recompute == "full" else None,
+        backend="nccl", command="synthesised by diag.advise.synth")
 
 
 def write_job(timeline: Timeline, out_dir: str, config: Config, workload: Workload,
@@ -160,6 +164,5 @@ def write_job(timeline: Timeline, out_dir: str, config: Config, workload: Worklo
             f.write(gzip.compress(data, compresslevel=1) if gz else data)
         paths.append(path)
     meta = os.path.join(out_dir, "diag_run.json")
-    with open(meta, "w") as f:
-        json.dump(run_meta(config, workload, shape, device_name), f, indent=2)
+    runmeta.write(meta, run_meta(config, workload, shape, device_name))
     return paths + [meta]

@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..runmeta import RunFacts
 from ..analysis import diagnose
 from ..analysis.collect import load_summaries
 from ..analysis.results import Diagnosis
@@ -76,10 +77,10 @@ def _argv(command: str, out: str, python: str) -> list[str]:
     return [python, "-m", "instrumented_trainer", *args, "--no-trace-summary", "--out", out]
 
 
-def measured_steps(out: str, meta: dict) -> list[float]:
-    prof = meta.get("profile") or {}
-    lo = int(prof.get("wait", 0)) if prof.get("enabled") else 10**9
-    hi = lo + int(prof.get("warmup", 0)) + int(prof.get("active", 0))   # + 1: the export step
+def measured_steps(out: str, meta: Optional[RunFacts]) -> list[float]:
+    prof = meta.profile if meta is not None else None
+    lo = prof.wait if prof is not None and prof.enabled else 10**9
+    hi = lo + (prof.warmup + prof.active if prof is not None else 0)   # + 1: the export step
     path = os.path.join(out, "steps.jsonl")
     try:
         with open(path) as f:
@@ -105,7 +106,7 @@ def run(command: str, out: str, python: str = sys.executable, timeout: float = 6
     argv = _argv(command, out, python)
     _train(argv, timeout)
     d = diagnose(load_summaries(out))
-    steps = measured_steps(out, d.run or {})
+    steps = measured_steps(out, d.run)
     if not steps:
         raise TuneError(f"{out}: no step outside the profiler window to measure: raise --train-iters")
     return Run(out=out, command=shlex.join(argv), step_s=float(np.median(steps)), steps=len(steps), runs=1,
@@ -116,7 +117,7 @@ def repeat(r: Run, times: list, traced: list, out: str, python: str, timeout: fl
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled and traced step times."""
     _train(_argv(r.command, out, python), timeout)
     d = diagnose(load_summaries(out))
-    times += measured_steps(out, d.run or {})
+    times += measured_steps(out, d.run)
     traced += [s.host_s for x in d.ranks for s in x.steps]
     r.runs += 1
 
@@ -138,8 +139,8 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
         return TuneResult(before, None, None, message="no runnable recommendation: nothing to apply")
     rec = recs[0]
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout)
-    tb = measured_steps(before.out, before.diagnosis.run or {})
-    ta = measured_steps(after.out, after.diagnosis.run or {})
+    tb = measured_steps(before.out, before.diagnosis.run)
+    ta = measured_steps(after.out, after.diagnosis.run)
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
     for i in range(1, repeats):
         repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout)

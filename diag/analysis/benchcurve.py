@@ -16,24 +16,18 @@ import math
 from dataclasses import dataclass, field
 
 from ..trace.errors import TraceError
-from ..trace.kinds import Coll
+from ..trace.kinds import Coll, bench_op, coll_from_arg
 
 SCHEMA = "diag.collbench/1"
-_OP_OF_COLL = {Coll.ALL_REDUCE: "all_reduce", Coll.ALL_GATHER: "all_gather",
-               Coll.REDUCE_SCATTER: "reduce_scatter", Coll.BROADCAST: "broadcast",
-               Coll.ALL_TO_ALL: "all_to_all", Coll.SEND: "send_recv",
-               Coll.RECV: "send_recv", Coll.SEND_RECV: "send_recv"}
 _REQUIRED = ("axis", "op", "bytes", "time_s", "busbw", "group_size")
-
-
-_OP_ALIASES = {"send": "send_recv", "recv": "send_recv"}  # Coll.SEND.name.lower() etc.
 
 
 def op_name(op) -> str | None:
     """collbench op name for a str op name or a `Coll` value (None if it has none)."""
     if isinstance(op, Coll):
-        return _OP_OF_COLL.get(op)
-    return _OP_ALIASES.get(str(op), str(op))
+        return bench_op(op)
+    coll = coll_from_arg(op)
+    return bench_op(coll) if coll != Coll.UNKNOWN else str(op)
 
 
 @dataclass

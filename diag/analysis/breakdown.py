@@ -14,11 +14,11 @@ on working) takes nothing from compute: only the part of it where the thread doe
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
 from . import intervals as iv
@@ -26,7 +26,6 @@ from .results import Breakdown, Overlap
 from .steps import Window
 
 NS = 1e-9
-HOST_COMM_RE = re.compile(r"^(gloo:|c10d::|_?c10d_functional(_autograd)?::|diag:comm:|nccl:|record_param_comms$)")
 # Kineto writes microseconds with three decimals, rounded: a child may end a tick after its
 # parent. A call outlived by less than this is not outlived.
 CROSS_TOLERANCE_NS = 1000

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from ..layout import AXES, UNKNOWN as AXIS_UNKNOWN, axis_index
-from ..trace.kinds import Coll, Kind
+from ..trace.kinds import Coll, Kind, coll_from_arg
 from ..trace.table import RankTrace
 from . import intervals as iv
 from .bandwidth import message_bytes
@@ -26,8 +26,6 @@ from .gloowork import GlooWork, comm_column, link
 from .hostlink import C10D_RE, LABEL_RE, enclosing, launches
 from .steps import Window
 
-_LABEL_OPS = {"all_reduce": Coll.ALL_REDUCE, "all_gather": Coll.ALL_GATHER, "reduce_scatter": Coll.REDUCE_SCATTER,
-              "broadcast": Coll.BROADCAST, "all_to_all": Coll.ALL_TO_ALL, "send": Coll.SEND, "recv": Coll.RECV}
 
 
 @dataclass
@@ -79,7 +77,7 @@ def _label_info(t, label_rows: np.ndarray):
             continue
         m = LABEL_RE.match(t.name(r))
         if m:
-            axis[i], coll[i], nbytes[i] = axis_index(m.group(1)), _LABEL_OPS.get(m.group(2), 0), int(m.group(3))
+            axis[i], coll[i], nbytes[i] = axis_index(m.group(1)), coll_from_arg(m.group(2)), int(m.group(3))
     return axis, coll, nbytes
 
 

@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..hardware import intra_node_link
-from ..trace.kinds import Coll
+from ..trace import kinds
 from . import intervals as iv
 from .benchcurve import op_name
 from .bandwidth import BUCKETS, busbw_array, size_bucket_array
@@ -79,7 +79,7 @@ def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
         nb = c["nbytes"][idx]
         peak = link[1] / 1e9 if link else None
         out.append(CommOpStat(
-            axis=_axis_name(axis), op=Coll(coll).name.lower(),
+            axis=_axis_name(axis), op=kinds.op_name(coll),
             size_bucket=BUCKETS[b] if 0 <= b < len(BUCKETS) else "unknown", calls=int(idx.size), ranks=ranks,
             median_bytes=float(np.median(nb[nb >= 0])) if (nb >= 0).any() else None,
             time_s=float(c["dur_ns"][idx].sum()) * NS / max(n_ranks, 1),

@@ -4,8 +4,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import numpy as np
+import msgspec
 
+from .. import runmeta
+from ..runmeta import RunFacts
 from ..trace.job import Job
 from ..trace.table import RankTrace
 from .collectives import RankComms, attribute_axes
@@ -38,14 +40,14 @@ def job_layout(job: Job, summaries: list[RankSummary], sizes: Optional[dict] = N
     """The job's layout: process-group names in the traces, else sizes given (flags, then a
     framework config file, then the trainer's diag_run.json), else unknown (layoutfind)."""
     return find_layout([s.pg_config for s in summaries], job.world_size, flags=sizes, config=config,
-                       meta=job.run_meta)
+                       meta=runmeta.given(job.run_meta) if job.run_meta else None)
 
 
 def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Optional[int],
                   device: Optional[str], link_gbps: Optional[float], bench=None,
                   unknown_axis_note: str = "", smaller_groups: bool = False) -> CommAnalysis:
     matched, inferred = match(comms, world, smaller_groups)
-    steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
+    steps = max((r.window_steps for r in ranks), default=0)
     ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps, bench),
                       axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
     ca.stragglers = collective_stragglers(comms, matched, steps, rank_hosts(ranks)) + step_stragglers(ranks)
@@ -59,11 +61,11 @@ def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Option
     return ca
 
 
-def _shape_from_trace(summaries: list[RankSummary], meta: dict, grid: JobLayout) -> list[str]:
+def _shape_from_trace(summaries: list[RankSummary], meta: RunFacts, grid: JobLayout) -> tuple[RunFacts, list[str]]:
     """Fill the model-shape facts nobody gave from the GEMM shapes of the first rank that settles
     them (analysis.shapes); say so. A DTensor trace's linears carry the global weight: no TP factor."""
-    if (meta.get("hidden_size") and meta.get("num_layers")) or not summaries:   # the run says its shape
-        return []
+    if (meta.hidden_size and meta.num_layers) or not summaries:   # the run says its shape
+        return meta, []
     for s in summaries:
         if not s.gemms:
             continue
@@ -71,15 +73,33 @@ def _shape_from_trace(summaries: list[RankSummary], meta: dict, grid: JobLayout)
                           tp=1 if s.dtensor else (grid.layout.tp if grid.layout is not None else None))
         tokens = got.pop("tokens_per_micro_batch", None)
         got.pop("ffn_hidden_size_per_rank", None)
-        if tokens and meta.get("seq_length") and not meta.get("micro_batch_size") and tokens % meta["seq_length"] == 0:
-            got["micro_batch_size"] = tokens // meta["seq_length"]
-        new = {k: v for k, v in got.items() if meta.get(k) is None}
+        if tokens and meta.seq_length and not meta.micro_batch_size and tokens % meta.seq_length == 0:
+            got["micro_batch_size"] = tokens // meta.seq_length
+        new = {k: v for k, v in got.items() if k in runmeta.FIELDS and getattr(meta, k) is None}
         if not new:
-            return []
-        meta.update(new)
-        return [f"from the trace's GEMM shapes (rank {s.rank}): " +
-                ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in new.items())]
-    return []
+            return meta, []
+        return msgspec.structs.replace(meta, **new), [
+            f"from the trace's GEMM shapes (rank {s.rank}): " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in new.items())]
+    return meta, []
+
+
+def run_facts(job: Job, config: Optional[dict], shape: Optional[dict]) -> RunFacts:
+    """The run's facts as given: diag_run.json < the framework config file < the flags, each
+    validated by the one schema (diag.runmeta); a value that does not fit names its source."""
+    return runmeta.merged(job.run_meta, runmeta.convert(config or {}, "--config"),
+                          runmeta.convert(shape or {}, "the flags"))
+
+
+def _with_layout(meta: RunFacts, grid: JobLayout) -> RunFacts:
+    """The layout as found is a fact of the run, whoever said it."""
+    if grid.layout is None:
+        return meta
+    sizes = {a: grid.layout.size(a) for a in ("tp", "pp", "cp", "ep", "dp_shard")
+             if a in grid.layout.axes or getattr(meta, a) is None}      # ep is carved out of dp, not a dim
+    sizes["dp"] = grid.layout.size("dp") * grid.layout.size("dp_shard")   # all data-parallel ways
+    if meta.world_size is None:
+        sizes["world_size"] = grid.layout.world_size
+    return msgspec.structs.replace(meta, **sizes)
 
 
 def _smaller_groups(summaries: list[RankSummary], world: Optional[int]) -> bool:
@@ -104,19 +124,14 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     config: facts from a framework config file (runconfig.load_config);
     shape: run facts given by the user (Megatron names, e.g. global_batch_size) over diag_run.json;
     bench: a `diag bench` busbw curve (analysis.benchcurve) to set each collective against."""
-    meta = {**(job.run_meta or {}), **{k: v for k, v in (config or {}).items() if v is not None},
-            **{k: v for k, v in (shape or {}).items() if v is not None}}
+    meta = run_facts(job, config, shape)
     summaries = summaries_of(job, top_n)
     config = dict(config or {})
     notes = list(job.notes) + list(config.pop("notes", []) or [])
     grid = job_layout(job, summaries, {"tp": tp, "pp": pp, **(sizes or {})}, config)
-    notes += grid.notes + _shape_from_trace(summaries, meta, grid)
-    if grid.layout is not None:          # the layout as found is a fact of the run, whoever said it
-        for axis in ("tp", "pp", "cp", "ep", "dp_shard"):
-            if axis in grid.layout.axes or meta.get(axis) is None:   # ep is carved out of dp, not a dim
-                meta[axis] = grid.layout.size(axis)
-        meta["dp"] = grid.layout.size("dp") * grid.layout.size("dp_shard")   # all data-parallel ways
-        meta.setdefault("world_size", grid.layout.world_size)
+    meta, shape_notes = _shape_from_trace(summaries, meta, grid)
+    notes += grid.notes + shape_notes
+    meta = _with_layout(meta, grid)
     ranks = [s.result for s in summaries]
     comms = [s.comms for s in summaries]
     for rc in comms:
@@ -136,10 +151,4 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         layout_dims=[[a, n] for a, n in grid.layout.dims] if grid.layout is not None else None, comm=ca, findings=findings(ranks, ca),
         pipeline=pipeline(grid, meta, summaries), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
     d.gantt = pipeline_gantt([(s.gantt, s.comms) for s in summaries], grid)
-    from ..advise.recommend import recommend     # imported here: the recommender is not the analyser's cost
-    try:
-        d.recommendations = recommend(d)
-    except Exception as e:                       # noqa: BLE001 - advice must not cost the diagnosis
-        d.notes.append(f"recommendations could not be computed ({type(e).__name__}: {e}); "
-                       "the diagnosis above is complete")
     return d

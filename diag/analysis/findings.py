@@ -11,7 +11,7 @@ MIN_SHARE = 0.01       # under 1% of a step is not worth a line
 
 
 def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int]:
-    steps = max((sum(s.in_window for s in r.steps) for r in ranks), default=0)
+    steps = max((r.window_steps for r in ranks), default=0)
     times = [r.step_time_s for r in ranks if r.step_time_s]
     return (float(np.median(times)) if times else None), steps
 

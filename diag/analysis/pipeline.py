@@ -61,7 +61,7 @@ def is_pipeline(pw: P2PWaits, grid: JobLayout, rank: int) -> np.ndarray:
 
 def _rank_bubble(s: RankSummary, grid: JobLayout) -> tuple[Optional[float], Optional[str]]:
     """(seconds per analysed step the rank waited on its pipeline neighbours, or None and why)."""
-    steps = sum(st.in_window for st in s.result.steps)
+    steps = s.result.window_steps
     if not steps:
         return None, "no ProfilerStep in the analysis window: no step to measure the bubble in"
     ops = is_pipeline(s.pp.p2p, grid, s.result.rank)
@@ -74,7 +74,7 @@ def _stage(stage: int, members: list[RankSummary], grid: JobLayout, order: list[
     bubble, fraction, compute, why = [], [], [], []
     for s in members:
         res = s.result
-        steps = sum(st.in_window for st in res.steps) or 1
+        steps = res.window_steps or 1
         compute.append(res.breakdown.compute_s / steps)
         b, reason = _rank_bubble(s, grid)
         if b is None:

@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..runmeta import RunFacts
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
@@ -267,7 +268,7 @@ def _forwards_first(order: list[str]) -> bool:
     return "B" not in kinds or "F" not in kinds[kinds.index("B"):]
 
 
-def schedule_of(p: int, by_stage: dict, meta: dict) -> Schedule:
+def schedule_of(p: int, by_stage: dict, meta: RunFacts) -> Schedule:
     """by_stage: stage -> its ranks' PPTrace, lowest rank first; meta: the run's facts (given
     values win: pipeline_schedule, num_micro_batches, virtual_pipeline_stages)."""
     out = Schedule()
@@ -309,12 +310,12 @@ def _words(keys: list[str]) -> str:
     return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + " and " + keys[-1]
 
 
-def _given(out: Schedule, meta: dict) -> list[str]:
+def _given(out: Schedule, meta: RunFacts) -> list[str]:
     """Values the user or the trainer stated replace what was read; returns which."""
     given = []
     for key, attr, label in (("pipeline_schedule", "name", "schedule"), ("num_micro_batches", "m", "m"),
                              ("virtual_pipeline_stages", "v", "v")):
-        value = meta.get(key)
+        value = getattr(meta, key)
         if value not in (None, ""):
             setattr(out, attr, value if attr == "name" else int(value))
             given.append(label)

@@ -10,7 +10,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-SCHEMA_VERSION = "1.1"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null
+from ..runmeta import RunFacts
+
+SCHEMA_VERSION = "1.2"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), unknown facts omitted
 
 
 @dataclass
@@ -78,6 +80,16 @@ class RankResult:
     excluded_events: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def window_steps(self) -> int:
+        """Steps of this rank inside the analysed window (the last step is left out, as HTA does)."""
+        return sum(s.in_window for s in self.steps)
+
+
+def steps_in_window(ranks: list[RankResult]) -> int:
+    """The job's steps in the analysed window, at least 1: what every per-step figure divides by."""
+    return max((r.window_steps for r in ranks), default=0) or 1
+
 
 @dataclass
 class Problem:
@@ -96,16 +108,17 @@ class Diagnosis:
     problems: list[Problem] = field(default_factory=list)
     other_runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    run: Optional[dict] = None            # diag_run.json, when the trainer wrote one
+    run: Optional[RunFacts] = None        # diag_run.json as written, when the trainer wrote one
     layout: Optional[str] = None          # "layout pp2 × dp2 × tp2, from process-group names"; None: unknown
     layout_dims: Optional[list] = None    # [[axis, size], ...] outermost first, when the grid is known
-    facts: dict = field(default_factory=dict)   # the run's facts as used: diag_run.json < --config < flags
+    facts: RunFacts = field(default_factory=RunFacts)   # the run's facts as used: diag_run.json < --config < flags
                                                 # < the trace (GEMM shapes, layout): Megatron names
     comm: Optional["CommAnalysis"] = None
     findings: list["Finding"] = field(default_factory=list)
     pipeline: Optional["Pipeline"] = None
     throughput: Optional["Throughput"] = None
     recommendations: list = field(default_factory=list)   # diag.advise.results.Recommendation, best first
+    advice_basis: Optional[object] = None  # diag.advise.results.Basis: what they rest on (set with them)
     gantt: Optional[object] = None        # analysis.gantt.PipelineGantt: one step of every stage
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"

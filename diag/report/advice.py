@@ -14,6 +14,7 @@ import dataclasses
 
 import msgspec
 
+from ..advise.memory import human
 from .escape import md_code, md_text, terminal
 from .fmt import ms
 
@@ -43,12 +44,12 @@ def rec_lines(i: int, r, md: bool = False) -> list[str]:
             + (f" ({-100 * gain:+.1f}%)" if gain is not None else "")
             + f", tokens/s {_tokens(r.tokens_per_s_before)} -> {_tokens(r.tokens_per_s_after)}"
             + f"; confidence {r.confidence}")
-    lines = [f"**{head}**" if md else head, f"   {pred}"]
+    lines = [f"**{head}**" if md else head, f"   {pred}"] + _memory_lines(r)
     for e in r.evidence:
         lines.append(f"   evidence: {text(e.metric)} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
                      + (f" {text(f'[{e.source}]')}" if e.source else ""))
     if r.flags:
-        flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
+        flags = " ".join(k if v == "" else f"no {k}" if v is None else f"{k} {v}" for k, v in r.flags.items())
         lines.append(f"   flags: {code(flags)}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
     if r.command:
         lines.append(f"   re-run: {code(r.command)}")
@@ -57,6 +58,17 @@ def rec_lines(i: int, r, md: bool = False) -> list[str]:
     lines += [f"   check: {text(c)}" for c in r.checks]
     lines += [f"   assumes: {text(a)}" for a in r.assumptions]
     return [("- " + x.strip()) if md and x.startswith("   ") else x for x in lines]
+
+
+def _memory_lines(r) -> list[str]:
+    """Modelled peak memory per rank before and after, next to the device's capacity."""
+    if r.memory_after_bytes is None:
+        return []
+    cap = r.memory_capacity_bytes
+    fits = (f" of {human(cap)}: fits" if r.memory_after_bytes <= cap else f": over the {human(cap)} device") if cap \
+        else " (device memory unknown: --memory-per-gpu)"
+    return [f"   peak memory per rank {human(r.memory_before_bytes)} -> {human(r.memory_after_bytes)}{fits}"] + \
+        [f"   memory: {m}" for m in r.memory]
 
 
 def recommendation_lines(recs: list, md: bool = False, nothing: str = "") -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..analysis.gantt import KINDS, PipelineGantt
-from ..analysis.results import Diagnosis
+from ..analysis.results import Diagnosis, steps_in_window
 
 # One colour per kind of time, the same on every chart.
 COLORS = {"compute": "#4c78a8", "forward": "#4c78a8", "backward": "#72b7b2", "optimizer": "#b279a2",
@@ -32,13 +32,11 @@ def _layout(fig, title: str, x: str = "", y: str = "", height: int = 380):
     return fig
 
 
-def steps_in_window(d: Diagnosis) -> int:
-    return max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
 
 
 def breakdown_bars(d: Diagnosis):
     """Per rank, where the window's time goes, in ms per step, stacked."""
-    go, n = _go(), steps_in_window(d)
+    go, n = _go(), steps_in_window(d.ranks)
     ranks = [f"rank {r.rank}" for r in d.ranks]
     parts = {"compute": lambda b: b.compute_s, "communication": lambda b: b.comm_s,
              "memory": lambda b: b.memory_s + b.other_s, "idle": lambda b: b.idle_s}
@@ -50,7 +48,7 @@ def breakdown_bars(d: Diagnosis):
 
 def axis_exposure_bars(d: Diagnosis):
     """Per parallel axis: communication hidden behind compute and exposed, ms per step."""
-    go, n = _go(), steps_in_window(d)
+    go, n = _go(), steps_in_window(d.ranks)
     axes = d.comm.axes if d.comm else []
     names = [a.axis for a in axes]
     fig = go.Figure([go.Bar(name="hidden", x=names, y=[1e3 * (a.comm_s - a.exposed_s) / n for a in axes],
@@ -141,7 +139,7 @@ def compare_bars(a: Diagnosis, b: Diagnosis, names: tuple[str, str] = ("A", "B")
              "memory": lambda x: x.memory_s + x.other_s, "idle": lambda x: x.idle_s}
 
     def mean_ms(d, f):
-        return 1e3 * sum(f(r.breakdown) for r in d.ranks) / max(1, len(d.ranks)) / steps_in_window(d)
+        return 1e3 * sum(f(r.breakdown) for r in d.ranks) / max(1, len(d.ranks)) / steps_in_window(d.ranks)
 
     fig = go.Figure([go.Bar(name=k, x=list(names), y=[mean_ms(a, f), mean_ms(b, f)], marker_color=COLORS[k])
                      for k, f in parts.items()])

@@ -5,7 +5,7 @@ import os
 import re
 from typing import Optional
 
-from ..analysis.results import Diagnosis, RankResult
+from ..analysis.results import Diagnosis, RankResult, steps_in_window
 
 _TEMPLATE_RE = re.compile(r"<[^<>]*>")
 
@@ -75,7 +75,7 @@ OPS_LEGEND = ("ms/rank, exposed, wait: ms per rank over the window; busbw: GB/s 
 def axis_rows(d: Diagnosis) -> list[list[str]]:
     if not d.comm:
         return []
-    steps = max((sum(s.in_window for s in r.steps) for r in d.ranks), default=0) or 1
+    steps = steps_in_window(d.ranks)
     return [[a.axis, ms(a.comm_s / steps, 2), ms(a.exposed_s / steps, 2),
              pct(None if a.hidden_ratio is None else 100 * a.hidden_ratio)] for a in d.comm.axes]
 

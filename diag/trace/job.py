@@ -8,13 +8,14 @@ aside and reported, never mixed into the analysis.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import multiprocessing
 
+from .. import runmeta
+from ..runmeta import RunFacts, RunMetaError
 from .build import build_rank
 from .chunks import workers
 from .discover import NOT_TRACES, SUMMARY_SUFFIX, TRACE_SUFFIXES, find, trace_files  # noqa: F401 (re-exported)
@@ -24,6 +25,7 @@ from .safeio import read_regular
 from .table import RankTrace
 
 RUN_METADATA = "diag_run.json"
+MAX_RUN_METADATA_BYTES = 1 << 20
 # Ranks of one run start their profilers within seconds of each other (same schedule);
 # two runs in one folder are minutes apart. Clocks of different hosts may differ too.
 SAME_RUN_WINDOW_S = 300.0
@@ -45,7 +47,7 @@ class Job:
     problems: list[FileProblem] = field(default_factory=list)
     other_runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    run_meta: Optional[dict] = None
+    run_meta: Optional[RunFacts] = None
 
     @property
     def world_size(self) -> Optional[int]:
@@ -203,18 +205,18 @@ def _assign_runs(job: Job, loaded: list[RankTrace]) -> None:
     job.ranks = sorted(main, key=lambda r: r.rank)
 
 
-def _read_run_meta(directory: str, job: Job, strict: bool) -> Optional[dict]:
+def _read_run_meta(directory: str, job: Job, strict: bool) -> Optional[RunFacts]:
+    """The run's diag_run.json, validated (diag.runmeta); a bad one is a problem, not a crash."""
     p = os.path.join(directory, RUN_METADATA)
     if not os.path.exists(p):
         return None
     try:
-        meta = json.loads(read_regular(p))
-        if not isinstance(meta, dict):
-            raise ValueError("expected a JSON object")
-        return meta
-    except (TraceError, ValueError) as e:
+        data = read_regular(p, MAX_RUN_METADATA_BYTES)    # a regular file only: no FIFO, no device
+        return runmeta.decode(data)
+    except (TraceError, RunMetaError) as e:
         why = e.problem if isinstance(e, TraceError) else e
+        reason = f"unusable run metadata, ignored: {why}"
         if strict:
-            raise TraceError(p, f"unreadable run metadata: {why}") from None
-        job.problems.append(FileProblem(p, f"unreadable run metadata: {why}"))
+            raise TraceError(p, reason) from None
+        job.problems.append(FileProblem(p, reason))
         return None

@@ -73,6 +73,20 @@ class Coll(IntEnum):
     SCATTER = 12
 
 
+def op_name(c: Coll) -> str:
+    """The name diag shows and writes for an operation: 'all_reduce', 'send', 'send_recv', ..."""
+    return Coll(c).name.lower()
+
+
+def bench_op(c: Coll) -> str | None:
+    """The `diag bench` (collbench) op that measures c: point-to-point ops are all `send_recv`."""
+    c = Coll(c)
+    if c in (Coll.SEND, Coll.RECV, Coll.SEND_RECV):
+        return "send_recv"
+    return op_name(c) if c in (Coll.ALL_REDUCE, Coll.ALL_GATHER, Coll.REDUCE_SCATTER, Coll.BROADCAST,
+                                Coll.ALL_TO_ALL) else None
+
+
 _COLL_WORDS = {
     "allreduce": Coll.ALL_REDUCE, "allgather": Coll.ALL_GATHER,
     "reducescatter": Coll.REDUCE_SCATTER, "alltoall": Coll.ALL_TO_ALL,
@@ -112,7 +126,7 @@ def coll_from_host_op(name: str) -> Coll:
 # and by the suffixes NCCL puts in kernel names.
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "f32": 4, "double": 8, "float64": 8, "f64": 8,
-    "half": 2, "float16": 2, "f16": 2, "bfloat16": 2, "bf16": 2,
+    "half": 2, "float16": 2, "f16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "fp32": 4, "fp8": 1,
     "int": 4, "int32": 4, "i32": 4, "int32_t": 4, "uint32_t": 4, "u32": 4,
     "long": 8, "int64": 8, "i64": 8, "int64_t": 8, "uint64_t": 8, "u64": 8,
     "short": 2, "int16": 2, "byte": 1, "uint8": 1, "u8": 1, "uint8_t": 1,

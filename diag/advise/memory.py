@@ -1,0 +1,271 @@
+"""Peak memory per rank, modelled: whether a configuration change fits before anyone queues it.
+
+Problem: a layout that the step-time model prices as faster is worth nothing if it does not fit:
+on a cluster that is an out-of-memory error after the queue. This model splits a rank's peak
+into the parts a change moves, each from published arithmetic, and is calibrated on the run's
+measured peak when there is one (the activation term is scaled to meet it), so a prediction for
+a change starts from what this job really used.
+
+Per rank, in bytes (docs/memory.md works every term by hand):
+- parameters on the rank: the transformer blocks' `gpt_params` share / (tp · pp), plus the input
+  embedding (V·h / tp) on the first stage and the output layer (V·h / tp) on the last (untied);
+- weights, gradients and optimizer states per parameter (ZeRO, Rajbhandari et al. 2020; Megatron-LM
+  mixed precision): bf16 weights 2 + fp32 main gradients 4 + Adam fp32 master, m, v 12 = 18 bytes;
+  fp32 training 4 + 4 + 8 = 16. ZeRO stage 1 (`--use-distributed-optimizer`, sharding `optim`)
+  divides the optimizer states by dp, stage 2 (`optim_grads`) the gradients too, stage 3
+  (`optim_grads_params`, FSDP) the weights too;
+- activations per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", table 2; 16-bit activations, x2 for fp32):
+  no TP s·b·h·(34 + 5·a·s/h); TP t s·b·h·(10 + 24/t + 5·a·s/(h·t)); TP with sequence parallelism
+  s·b·h·(34 + 5·a·s/h)/t; selective recompute drops the 5·a·s/h attention term; full recompute
+  keeps only each layer's input, 2·s·b·h (/t with SP). Context parallelism divides s by cp;
+- micro-batches in flight on stage i of p (Narayanan et al. 2021): 1F1B min(m, p - i); GPipe m;
+  interleaved 1F1B the 1F1B count times (1 + (p - 1) / (p · v)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from ..analysis.throughput import gpt_params
+from ..hardware import device_memory
+
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+SHARDING = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}   # Megatron-LM's names
+GiB, MiB = float(1 << 30), float(1 << 20)
+
+
+def human(n: float) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{n / GiB:,.3g} GiB" if n >= GiB else f"{n / MiB:,.3g} MiB"
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: Optional[int] = None
+    query_groups: Optional[int] = None
+    swiglu: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """What memory depends on in a configuration (Megatron-LM flag names in docs/memory.md)."""
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    schedule: str = "1f1b"              # 1f1b | gpipe | interleaved
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0                       # 0 replicated, 1 optimizer, 2 + gradients, 3 + weights sharded
+    recompute: str = "none"
+    dtype: str = "bf16"                 # bf16 (mixed precision, fp32 master) or fp32
+
+    def __post_init__(self) -> None:
+        if self.zero not in ZERO_STAGES or self.recompute not in RECOMPUTE:
+            raise ValueError(f"zero must be one of {ZERO_STAGES} and recompute one of {RECOMPUTE}")
+
+
+@dataclass
+class Estimate:
+    """One rank's modelled peak and its parts, in bytes."""
+    stage: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    in_flight: float                    # micro-batches whose activations are held at the peak
+    scale: float = 1.0                  # the calibration's factor on activations
+    words: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations * self.scale
+
+    def arithmetic(self) -> str:
+        """The sum, in GiB (MiB for small models), as a person would check it."""
+        div, unit = (GiB, "GiB") if self.total >= GiB else (MiB, "MiB")
+        act = f"{self.activations / div:.3g}" + (f" x {self.scale:.3g}" if self.scale != 1.0 else "")
+        return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
+                f"{self.optimizer / div:.3g} + activations {act} ({self.in_flight:g} micro-batches in flight) "
+                f"= {self.total / div:.3g} {unit} (stage {self.stage})")
+
+
+def per_param_bytes(dtype: str) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes per parameter, unsharded, with Adam."""
+    return (2.0, 4.0, 12.0) if dtype in ("bf16", "fp16") else (4.0, 4.0, 8.0)
+
+
+def params_on_stage(s: Shape, lay: MemoryConfig, stage: int) -> float:
+    """Parameters held by one rank of `stage` (blocks split over pp, everything over tp)."""
+    blocks = gpt_params(s.num_layers, s.hidden, 0, s.ffn, num_heads=s.heads,
+                        num_query_groups=s.query_groups, swiglu=s.swiglu)
+    embed = s.vocab * s.hidden
+    ends = (stage == 0) + (stage == lay.pp - 1)
+    return (blocks / lay.pp + ends * embed) / lay.tp
+
+
+def activation_bytes_per_layer(s: Shape, lay: MemoryConfig) -> float:
+    """One layer, one micro-batch (Korthikanti et al. 2022, table 2)."""
+    seq, b, h, a, t = s.seq / lay.cp, lay.micro_batch_size, s.hidden, s.heads, lay.tp
+    if lay.recompute == "full":
+        per = 2.0 * seq * b * h / (t if lay.sequence_parallel else 1)
+    else:
+        attn = 0.0 if lay.recompute == "selective" else 5.0 * a * seq / h
+        per = seq * b * h * ((34.0 + attn) / t if lay.sequence_parallel else 10.0 + 24.0 / t + attn / t)
+    return per * (2.0 if lay.dtype == "fp32" else 1.0)
+
+
+def in_flight(lay: MemoryConfig, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak, by schedule."""
+    m, p = lay.num_micro_batches, lay.pp
+    if lay.schedule == "gpipe":
+        return float(m)
+    n = float(min(m, p - stage))
+    if lay.schedule == "interleaved" and lay.virtual_stages > 1:
+        n *= 1.0 + (p - 1) / (p * lay.virtual_stages)
+    return n
+
+
+def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, scale: float = 1.0) -> Estimate:
+    n = params_on_stage(s, lay, stage)
+    w, g, o = per_param_bytes(lay.dtype)
+    shard = float(lay.dp)
+    weights = n * w / (shard if lay.zero >= 3 else 1.0)
+    grads = n * g / (shard if lay.zero >= 2 else 1.0)
+    optim = n * o / (shard if lay.zero >= 1 else 1.0)
+    flight = in_flight(lay, stage)
+    act = activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight
+    return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
+                    in_flight=flight, scale=scale)
+
+
+@dataclass
+class MemoryModel:
+    """The model for one job's shape, calibrated on its measured peak when there is one."""
+    shape: Shape
+    scale: float = 1.0                  # measured / modelled activations (1: not calibrated)
+    basis: str = "not calibrated: no measured peak memory"
+
+    def peak(self, lay: MemoryConfig) -> Estimate:
+        """The rank with the largest modelled peak (stage 0 under 1F1B, the ends under GPipe)."""
+        return max((rank_estimate(self.shape, lay, st, self.scale) for st in range(lay.pp)), key=lambda e: e.total)
+
+    @classmethod
+    def calibrated(cls, shape: Shape, lay: MemoryConfig, measured_peak: Optional[float]) -> "MemoryModel":
+        """Scale the activation term so the modelled peak of the measured layout meets the measured
+        peak; parameters and optimizer states are counted, not fitted."""
+        model = cls(shape)
+        if not measured_peak:
+            return model
+        e = model.peak(lay)
+        static = e.weights + e.grads + e.optimizer
+        if e.activations <= 0 or measured_peak <= static:
+            model.basis = (f"not calibrated: the measured peak {human(measured_peak)} is not above the "
+                           f"modelled weights, gradients and optimizer states ({human(static)})")
+            return model
+        model.scale = (measured_peak - static) / e.activations
+        model.basis = (f"activations x {model.scale:.3g}: the measured peak {human(measured_peak)} less "
+                       f"{human(static)} of weights, gradients and optimizer states, over the modelled "
+                       f"{human(e.activations)}")
+        return model
+
+    def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:
+        """lay as it is if it fits, else with the cheapest levers that make it fit (FITTING_LEVERS,
+        taken cumulatively, in order of what they cost in time); None if even all of them do not."""
+        for cand in fit_ladder(lay):
+            if self.peak(cand).total <= capacity:
+                return cand
+        return None
+
+
+def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
+    """lay, then lay with more and more memory levers, cheapest first: sequence parallelism (no
+    extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-1 and 2 (the
+    same gradient volume, reduce-scattered), selective recompute (attention only), ZeRO-3 (the
+    weights all-gathered again in forward and backward), full recompute (one more forward)."""
+    out = [lay]
+    def add(**kw):
+        cur = out[-1]
+        nxt = replace(cur, **kw)
+        if nxt != cur:
+            out.append(nxt)
+    if lay.tp > 1:
+        add(sequence_parallel=True)
+    for zero in (1, 2):
+        add(zero=max(zero, out[-1].zero))
+    if out[-1].recompute == "none":
+        add(recompute="selective")
+    add(zero=3)
+    add(recompute="full")
+    return out
+
+
+def lever_flags(before: MemoryConfig, after: MemoryConfig) -> dict:
+    """The trainer / Megatron-LM flags that take a run from `before`'s memory levers to `after`'s."""
+    flags = {}
+    if after.sequence_parallel and not before.sequence_parallel:
+        flags["--sequence-parallel"] = ""
+    if after.zero != before.zero:
+        flags.update(zero_flags(after.zero))
+    if after.recompute != before.recompute:
+        flags["--recompute-granularity"] = after.recompute
+    return flags
+
+
+def lever_words(before: MemoryConfig, after: MemoryConfig) -> str:
+    """'sequence parallelism, ZeRO-2 and selective recompute': the levers added, in words."""
+    words = (["sequence parallelism"] * (after.sequence_parallel and not before.sequence_parallel)
+             + [f"ZeRO-{after.zero}"] * (after.zero != before.zero)
+             + [f"{after.recompute} recompute"] * (after.recompute != before.recompute))
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def zero_stage(facts) -> int:
+    """The ZeRO stage a run's facts say (Megatron-LM flags), 0 when they say nothing."""
+    if facts.data_parallel_sharding_strategy in SHARDING:
+        return SHARDING[facts.data_parallel_sharding_strategy]
+    return 1 if facts.use_distributed_optimizer else 0
+
+
+def zero_flags(stage: int) -> dict:
+    """The trainer / Megatron-LM flags that select a ZeRO stage."""
+    if stage <= 0:
+        return {}
+    if stage == 1:
+        return {"--use-distributed-optimizer": ""}
+    return {"--data-parallel-sharding-strategy": {2: "optim_grads", 3: "optim_grads_params"}[stage]}
+
+
+def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Optional[float], list[str]]:
+    """(model, the measured run's memory config, device capacity in bytes, notes) from d.facts;
+    (None, None, capacity, why) when the model shape is not known."""
+    f = d.facts
+    need = {"num_layers": f.num_layers, "hidden_size": f.hidden_size, "num_attention_heads": f.num_attention_heads,
+            "seq_length": f.seq_length, "vocab_size": f.vocab_size, "micro_batch_size": f.micro_batch_size,
+            "num_micro_batches": f.num_micro_batches}
+    devices = [r.device for r in d.ranks if r.device]
+    capacity = float(f.memory_per_gpu_bytes) if f.memory_per_gpu_bytes else \
+        device_memory(devices[0] if devices else f.device_name)
+    missing = [k for k, v in need.items() if not v]
+    if missing:
+        return None, None, capacity, [f"memory not modelled: {', '.join(k.replace('_', ' ') for k in missing)} unknown"]
+    shape = Shape(num_layers=f.num_layers, hidden=f.hidden_size, heads=f.num_attention_heads, seq=f.seq_length,
+                  vocab=f.vocab_size, ffn=f.ffn_hidden_size, query_groups=f.num_query_groups, swiglu=bool(f.swiglu))
+    sched = f.pipeline_schedule or "1f1b"
+    lay = MemoryConfig(tp=f.tp or 1, pp=f.pp or 1, dp=f.dp or 1, cp=f.cp or 1, micro_batch_size=f.micro_batch_size,
+                       num_micro_batches=f.num_micro_batches,
+                       schedule="interleaved" if "interleaved" in sched else "gpipe" if sched == "gpipe" else "1f1b",
+                       virtual_stages=f.virtual_pipeline_stages or 1, sequence_parallel=bool(f.sequence_parallel),
+                       zero=zero_stage(f), recompute=f.recompute_granularity or "none",
+                       dtype="fp32" if f.dtype == "fp32" else "bf16")
+    model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
+    return model, lay, capacity, [f"memory model: {model.basis}"]

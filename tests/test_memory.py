@@ -1,0 +1,164 @@
+"""The memory model against numbers worked by hand (docs/memory.md), and the recommender using it:
+every recommendation states its modelled peak next to the device's memory, a change that does not
+fit is paired with the ZeRO stage that makes it fit, and one that nothing makes fit is dropped."""
+import pytest
+
+from diag.advise import Config, Links, Workload, simulate
+from diag.advise.memory import MemoryConfig, MemoryModel, Shape, activation_bytes_per_layer, in_flight, \
+    rank_estimate
+from diag.advise.recommend import with_advice
+from diag.advise.synth import write_job
+from diag.analysis import diagnose
+from diag.trace import load_job
+
+GPT = Shape(num_layers=24, hidden=2048, heads=16, seq=2048, vocab=50304)     # GeLU MLP, f = 4h, MHA
+TP2PP2 = MemoryConfig(tp=2, pp=2, dp=4, micro_batch_size=1, num_micro_batches=8)
+
+
+def test_stage_0_of_tp2_pp2_by_hand():
+    """Per layer 12 h^2 = 50,331,648 parameters, x 24 = 1,207,959,552; embedding V h = 103,022,592.
+    Stage 0 of pp 2, tp 2: (1,207,959,552 / 2 + 103,022,592) / 2 = 353,501,184 parameters.
+    bf16 with fp32 master, Adam: 2 + 4 + 12 bytes. Activations per layer (tp 2, no SP):
+    s b h (10 + 24/2 + 5 a s / (h 2)) = 2048 x 2048 x (22 + 40) = 260,046,848 bytes; 12 layers,
+    min(m, p - 0) = 2 micro-batches in flight under 1F1B."""
+    e = rank_estimate(GPT, TP2PP2, stage=0)
+    assert e.weights == 353_501_184 * 2
+    assert e.grads == 353_501_184 * 4
+    assert e.optimizer == 353_501_184 * 12
+    assert e.in_flight == 2
+    assert e.activations == 260_046_848 * 12 * 2
+    assert e.total == 12_604_145_664
+    last = rank_estimate(GPT, TP2PP2, stage=1)              # output layer instead of input embedding
+    assert last.weights == e.weights and last.in_flight == 1
+
+
+@pytest.mark.parametrize("changes,per_layer", [
+    ({"sequence_parallel": True}, 2048 * 2048 * (34 + 80) / 2),     # s b h (34 + 5 a s / h) / t
+    ({"sequence_parallel": True, "recompute": "selective"}, 2048 * 2048 * 34 / 2),
+    ({"sequence_parallel": True, "recompute": "full"}, 2 * 2048 * 2048 / 2),
+    ({"recompute": "full"}, 2 * 2048 * 2048),                        # the layer input, not split
+    ({"tp": 1}, 2048 * 2048 * (34 + 80)),
+    ({"cp": 2}, 1024 * 2048 * (10 + 12 + 5 * 16 * 1024 / (2048 * 2))),
+    ({"dtype": "fp32"}, 2 * 260_046_848),
+])
+def test_activation_levers_by_hand(changes, per_layer):
+    from dataclasses import replace
+    assert activation_bytes_per_layer(GPT, replace(TP2PP2, **changes)) == pytest.approx(per_layer)
+
+
+def test_zero_stages_shard_what_they_say():
+    from dataclasses import replace
+    n, dp = 353_501_184, 4
+    for zero, (w, g, o) in {1: (2, 4, 12 / dp), 2: (2, 4 / dp, 12 / dp), 3: (2 / dp, 4 / dp, 12 / dp)}.items():
+        e = rank_estimate(GPT, replace(TP2PP2, zero=zero), stage=0)
+        assert (e.weights, e.grads, e.optimizer) == pytest.approx((n * w, n * g, n * o))
+    fp32 = rank_estimate(GPT, replace(TP2PP2, dtype="fp32"), stage=0)      # 4 + 4 + 8 bytes, no master copy
+    assert (fp32.weights, fp32.grads, fp32.optimizer) == (n * 4, n * 4, n * 8)
+
+
+def test_micro_batches_in_flight_by_schedule():
+    from dataclasses import replace
+    lay = replace(TP2PP2, pp=4, num_micro_batches=8)
+    assert [in_flight(lay, s) for s in range(4)] == [4, 3, 2, 1]                 # 1F1B: p - stage
+    assert in_flight(replace(lay, schedule="gpipe"), 3) == 8                     # GPipe: all m
+    inter = replace(lay, schedule="interleaved", virtual_stages=2)
+    assert in_flight(inter, 0) == pytest.approx(4 * (1 + 3 / 8))                 # x (1 + (p-1)/(p v))
+    assert in_flight(replace(lay, num_micro_batches=2), 0) == 2                  # never more than m
+
+
+def test_calibration_meets_the_measured_peak_and_moves_with_the_change():
+    """Measured 16 GiB on the TP2 x PP2 layout: the activation term is scaled to meet it exactly;
+    the static terms are counted, not fitted, so a ZeRO change moves only them."""
+    from dataclasses import replace
+    measured = 16.0 * (1 << 30)
+    m = MemoryModel.calibrated(GPT, TP2PP2, measured)
+    assert m.peak(TP2PP2).total == pytest.approx(measured)
+    static = rank_estimate(GPT, TP2PP2, 0)
+    scale = (measured - (static.weights + static.grads + static.optimizer)) / static.activations
+    assert m.scale == pytest.approx(scale)
+    z1 = m.peak(replace(TP2PP2, zero=1))
+    assert measured - z1.total == pytest.approx(static.optimizer * 3 / 4)
+    low = MemoryModel.calibrated(GPT, TP2PP2, 1.0)                  # below the parameters: not used
+    assert low.scale == 1.0 and "not calibrated" in low.basis
+
+
+def _synth(tmp_path, micro_batch_size=4):
+    """A TP2 job whose TP all-reduces are exposed (the tp_layout rule proposes TP 1). Shape: synth's
+    default GPT (h 4096, s 2048, 32 heads, V 50304, f 16384), 8 layers, bf16."""
+    w = Workload(num_layers=8, fwd_s_per_layer=2e-3, tp_bytes_per_layer=2048 * 4096 * 2 * micro_batch_size,
+                 p2p_bytes=1.0)
+    c = Config(tp=2, dp=1, num_micro_batches=2, micro_batch_size=micro_batch_size)
+    write_job(simulate(w, c, Links(tp=2e9), steps=4), str(tmp_path), c, w)
+    return load_job(str(tmp_path))
+
+
+def _fit_by_hand(tp, zero, mbs=4, m=2):
+    """The tp_layout candidate's peak by hand: 8 layers of 2 h^2 + 2 h^2 + 2 h f = 8 h^2 + 2 h f,
+    + input and output embeddings V h, all / tp; bf16 18 bytes (ZeRO shards none at dp 1);
+    activations 8 layers x s b h (10 + 24/t + 5 a s / (h t)), min(m, 1) = 1 micro-batch."""
+    h, f, V, s, a = 4096, 16384, 50304, 2048, 32
+    n = (8 * (4 * h * h + 2 * h * f) + 2 * V * h) / tp
+    act = 8 * s * mbs * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    return n * 18 + act
+
+
+def test_every_recommendation_states_its_peak_and_the_device(tmp_path):
+    d = with_advice(diagnose(_synth(tmp_path)))
+    (rec,) = [r for r in d.recommendations if r.rule == "tp_layout"]
+    assert rec.memory_capacity_bytes == 80 * (1 << 30)              # "NVIDIA H100 80GB HBM3"
+    assert rec.memory_before_bytes == pytest.approx(_fit_by_hand(2, 0), rel=1e-9)
+    assert rec.memory_after_bytes == pytest.approx(_fit_by_hand(1, 0), rel=1e-9)
+    assert rec.memory_after_bytes <= rec.memory_capacity_bytes and "ZeRO" not in rec.title
+    assert any(x.startswith("after: ") for x in rec.memory)
+
+
+def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
+    """TP 1 on the GPUs of TP 2 x DP 1 is TP 1 x DP 2 (m halves to 1): 62.4 GiB unsharded. On 48 GiB
+    devices ZeRO-1 (optimizer / 2) is not enough, ZeRO-2 (gradients too) is: it is proposed with
+    ZeRO-2 and its flag. On 24 GiB only ZeRO-3 with full recompute fits (the step re-priced with
+    one more forward); on 8 GiB nothing does: dropped, and said. On 64 GiB it fits as it is."""
+    job = _synth(tmp_path)
+    h, f, V = 4096, 16384, 50304
+    n1 = 8 * (4 * h * h + 2 * h * f) + 2 * V * h
+    unsharded = _fit_by_hand(1, 0)
+    assert unsharded / (1 << 30) == pytest.approx(62.41, abs=0.01)
+    assert unsharded - n1 * 6 > 48 << 30 > unsharded - n1 * (6 + 2)             # ZeRO-1 short, ZeRO-2 fits
+    mid = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 48 << 30}))
+    (rec,) = [r for r in mid.recommendations if r.rule == "tp_layout"]
+    assert rec.title.endswith("TP 1 x PP 1 x DP 2 instead of TP 2 x PP 1 x DP 1, with ZeRO-2 to fit")
+    assert rec.flags["--data-parallel-sharding-strategy"] == "optim_grads"
+    assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * (6 + 2), rel=1e-9)
+    tight = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 24 << 30}))
+    (full,) = [r for r in tight.recommendations if r.rule == "tp_layout"]
+    assert full.title.endswith("with ZeRO-3 and full recompute to fit")     # 18/2 B per parameter + 2 s b h
+    assert full.memory_after_bytes == pytest.approx(n1 * 9 + 8 * 2 * 2048 * 4 * 4096, rel=1e-9)
+    assert full.flags["--recompute-granularity"] == "full"
+    assert full.step_s_after > rec.step_s_after                 # the extra forward is priced
+    small = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 8 << 30}))
+    assert not [r for r in small.recommendations if r.rule == "tp_layout"]
+    assert any(n.startswith("dropped, does not fit: TP 1") for n in small.advice_basis.calibration)
+    roomy = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 64 << 30}))
+    (rec,) = [r for r in roomy.recommendations if r.rule == "tp_layout"]
+    assert "ZeRO" not in rec.title and rec.memory_after_bytes == pytest.approx(unsharded, rel=1e-9)
+
+
+def test_zero_makes_it_fit_when_dp_can_shard(tmp_path):
+    """The same model at DP 4: TP 1 without sharding needs the same 62.4 GiB; the candidate the model
+    prices best keeps the GPUs (TP 1 x DP 8); ZeRO-1 shards the 12 bytes of optimizer state per
+    parameter over its 8 DP ranks and brings it under 48 GiB."""
+    w = Workload(num_layers=8, fwd_s_per_layer=2e-3, tp_bytes_per_layer=2048 * 4096 * 2 * 4, p2p_bytes=1.0,
+                 grad_bytes=1e6)
+    c = Config(tp=2, dp=4, num_micro_batches=2, micro_batch_size=4, overlap_grad_reduce=True)
+    write_job(simulate(w, c, Links(tp=2e9, dp=1e12), steps=4), str(tmp_path), c, w)
+    d = with_advice(diagnose(load_job(str(tmp_path)), shape={"memory_per_gpu_bytes": 48 << 30}))
+    recs = [r for r in d.recommendations if r.rule == "tp_layout"]
+    if not recs:
+        pytest.fail(f"no tp_layout recommendation: {[r.title for r in d.recommendations]}")
+    rec = recs[0]
+    n1 = (8 * (4 * 4096 ** 2 + 2 * 4096 * 16384) + 2 * 50304 * 4096)
+    unsharded = _fit_by_hand(1, 0, m=c.num_micro_batches)
+    assert unsharded > 48 << 30 and "with ZeRO-1 to fit" in rec.title
+    assert rec.flags.get("--use-distributed-optimizer") == ""
+    dp = int(rec.title.split(" x DP ")[1].split()[0])
+    assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * 12 * (1 - 1 / dp), rel=1e-9)
+    assert "--use-distributed-optimizer" in (rec.command or "--use-distributed-optimizer")
