@@ -329,10 +329,14 @@ def test_a_world_size_claimed_by_diag_run_json_costs_nothing(tmp_path):
         doc = json.load(open(p))
         del doc["distributedInfo"]["world_size"]
         json.dump(doc, open(p, "w"))
-    json.dump({"world_size": 10 ** 12, "tp": 2, "pp": 4}, open(os.path.join(run, "diag_run.json"), "w"))
+    meta = os.path.join(run, "diag_run.json")
+    json.dump({"schema_version": 2, "world_size": 1 << 24, "tp": 2, "pp": 4}, open(meta, "w"))
     d, peak = _peak_bytes(lambda: open_run(run, RunInputs()))
     assert peak < PER_CLAIMED_RANK / 8, peak
-    assert len(d.ranks) == 2 and "pp4" in (d.layout or "")
+    assert len(d.ranks) == 2 and "pp4" in (d.layout or "") and not d.problems
+    json.dump({"schema_version": 2, "world_size": 10 ** 12, "tp": 2}, open(meta, "w"))   # past runmeta's bound
+    d = open_run(run, RunInputs())
+    assert len(d.ranks) == 2 and [p.file for p in d.problems] == [meta]
 
 
 # --- 10. device ids and duplicate rank files --------------------------------------------------
