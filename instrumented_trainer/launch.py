@@ -22,7 +22,7 @@ import time
 
 from diag.ports import free_port
 
-from .telemetry.heartbeat import DONE, ENV, beat_path, read_beat
+from .telemetry.heartbeat import DONE, ENV, HOLD, beat_path, read_beat
 
 _PR_SET_PDEATHSIG = 1
 
@@ -98,7 +98,7 @@ class Watchdog:
                 continue
             self.stopped_since.pop(rank, None)
             said = read_beat(beat_path(self.beats, rank))
-            if said and said != DONE:
+            if said and said not in (DONE, HOLD):
                 idle = wall - os.path.getmtime(beat_path(self.beats, rank))
                 if idle > self.timeout_s:
                     stale.append(f"rank {rank} (pid {p.pid}, at step {said}, {idle:.0f} s)")

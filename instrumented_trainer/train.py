@@ -108,6 +108,7 @@ def train(job: JobConfig) -> list[float]:
             if live is not None:
                 with guard("prometheus metrics"):
                     live.publish(steps.last, comm.last_step)
+            heartbeat.hold()             # a trace export may outlast --dist-timeout: not a stall
             profiler.step()
         heartbeat.done()
     comm.close()

@@ -5,7 +5,8 @@ silent for minutes with --dist-timeout 30), so the launcher (launch.Watchdog) te
 itself when a rank makes no progress for longer than the timeout. Progress is the training
 loop's: one small positioned write per step to `<DIAG_HEARTBEAT_DIR>/rank-<r>` (a directory the
 launcher made with mkdtemp, so no other user can plant a name there), and "done" after the last
-step (from then on only a stopped process counts as stalled: exporting traces takes its time).
+step (from then on only a stopped process counts as stalled: exporting traces takes its time);
+"hold" around the profiler's step, whose trace export may outlast any training step.
 Under torchrun, or with the variable unset, it does nothing; a failing write warns once and
 training goes on.
 """
@@ -18,6 +19,7 @@ from .safe import guard
 
 ENV = "DIAG_HEARTBEAT_DIR"
 DONE = "done"
+HOLD = "hold"                              # busy outside training (trace export): not a stall
 WIDTH = 24                                 # fixed: each beat overwrites the last in place
 
 
@@ -50,6 +52,9 @@ class Heartbeat:
 
     def beat(self, step: int) -> None:
         self._say(str(step))
+
+    def hold(self) -> None:
+        self._say(HOLD)
 
     def done(self) -> None:
         self._say(DONE)

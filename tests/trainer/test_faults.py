@@ -146,7 +146,7 @@ def test_the_launchers_death_takes_its_ranks_down(tmp_path):
 
 def test_the_watchdog_names_a_rank_whose_steps_stopped(tmp_path):
     """A rank alive but stuck (not stopped): its heartbeat says step 7 and then nothing; past the
-    timeout the watchdog names it and its step; a rank that said 'done' is not stuck."""
+    timeout the watchdog names it and its step; a rank that said 'done' or 'hold' is not stuck."""
     from instrumented_trainer.launch import Watchdog
     from instrumented_trainer.telemetry.heartbeat import Heartbeat
 
@@ -164,6 +164,9 @@ def test_the_watchdog_names_a_rank_whose_steps_stopped(tmp_path):
         said = dog.stalled()
         assert said == f"no training progress past --dist-timeout 1 s on rank 0 (pid {procs[0].pid}, at step 7, 5 s)"
         assert Watchdog(procs, str(tmp_path), timeout_s=None).stalled() is None   # no timeout: no watchdog
+        stuck.hold()                                          # exporting a trace: not a stall
+        os.utime(tmp_path / "rank-0", (old, old))
+        assert dog.stalled() is None
     finally:
         for p in procs:
             p.kill()
