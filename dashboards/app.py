@@ -27,5 +27,5 @@ st.set_page_config(page_title="diag dashboard", layout="wide")
 nav = st.navigation([st.Page(f"views/{f}.py", title=t, default=(f == "overview")) for f, t in PAGES])
 st.session_state["run"] = ui.sidebar_run()
 if st.session_state["run"] is not None:
-    st.sidebar.caption(f"Open: `{st.session_state['run'].label}`")
+    st.sidebar.caption("Open: " + ui.md(st.session_state["run"].label))
 nav.run()

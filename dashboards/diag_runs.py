@@ -4,23 +4,30 @@ Problem: the dashboard is a web server; a run is named by a query parameter, a p
 an upload, and none of those may reach a file outside the folder it was started on.
 Every path is resolved (symlinks included) and must stay under the root; a run folder
 whose trace files point outside the root is refused as a whole. Uploads are written,
-under their bare file names, to a private temporary folder and capped in size.
+under their bare file names, to a private temporary folder and capped in size; the folder
+is removed when its session lets go of it (a new upload, the upload removed), when the
+session has ended (checked at every page run of any session) and, whatever is left, when
+the server exits.
 Loaded runs are kept in a small process-wide cache keyed by path and file signatures,
 so a big trace is parsed once, not on every click.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from diag.runinputs import RunInputs, open_run
+from diag.analysis.collect import items_of
+from diag.runinputs import BENCH_NEXT_TO_TRACES, RunInputs, open_run
+from diag.trace.errors import TraceError
 from diag.analysis.gantt import PipelineGantt
 from diag.analysis.results import Diagnosis
-from diag.trace.job import NOT_TRACES, RUN_METADATA, SUMMARY_SUFFIX, TRACE_SUFFIXES, trace_files
+from diag.trace.job import NOT_TRACES, RUN_METADATA, SUMMARY_SUFFIX, TRACE_SUFFIXES
 
 DEFAULT_MAX_UPLOAD_MB = 500
 CACHE_RUNS = 8
@@ -75,23 +82,33 @@ def inside(root: Path, path: Path) -> bool:
 
 
 def safe_path(root: Path, name: str) -> Optional[Path]:
-    """The run named `name` (relative to root, or absolute) if it exists under root, else None."""
+    """The run named `name` (relative to root, or absolute) if it, and every file its analysis
+    would read, is under root; else None. The one gate of every file the app opens."""
     if not name or "\x00" in name:
         return None
     p = Path(name) if os.path.isabs(name) else root / name
     if not p.exists() or not inside(root, p):
         return None
-    if p.is_dir() and not all(inside(root, Path(f)) for f in _run_files(p)):
-        return None                    # a trace in the folder links outside the root
+    try:
+        files = run_files(p)
+    except (TraceError, OSError):
+        return None
+    if not all(inside(root, Path(f)) for f in files):
+        return None                    # a trace, a summary or diag_run.json beside it links outside
     return Path(os.path.realpath(p))
 
 
-def _run_files(p: Path) -> list[str]:
-    """Every file the analysis of run folder p reads: traces, their summaries, diag_run.json."""
-    files = trace_files(str(p))
-    files += sorted(str(p / n) for n in os.listdir(p) if n.endswith(SUMMARY_SUFFIX))
-    meta = p / RUN_METADATA
-    return files + ([str(meta)] if meta.exists() else [])
+def run_files(p: Path) -> list[str]:
+    """Every file the analysis of run p (a folder or one trace) reads: the traces and summaries
+    analysis.collect picks (in subfolders too), diag_run.json and diag_bench.json beside them."""
+    items, meta_dir, _ = items_of(str(p))
+    files = [f for it in items for f in (it.trace, it.summary) if f]
+    near = {meta_dir, str(p) if p.is_dir() else os.path.dirname(os.path.abspath(p))}
+    files += [os.path.join(d, n) for d in sorted(near) for n in (RUN_METADATA, BENCH_NEXT_TO_TRACES)
+              if os.path.lexists(os.path.join(d, n))]
+    if not p.is_dir() and os.path.lexists(str(p) + SUMMARY_SUFFIX):
+        files.append(str(p) + SUMMARY_SUFFIX)
+    return files
 
 
 def _is_trace(name: str) -> bool:
@@ -124,13 +141,44 @@ def clean_name(name: str) -> Optional[str]:
     return base
 
 
-def save_uploads(files, max_mb: int, dest: Optional[Path] = None) -> tuple[Optional[Path], list[str]]:
-    """Write uploaded files (objects with .name, .size, .getvalue()) under a new private folder.
-    Returns (folder or None, problems). Refuses everything when the total exceeds max_mb."""
+_UPLOADS: dict[str, Optional[str]] = {}    # upload folders this server process made -> owning session
+
+
+def drop_upload(folder: Optional[str]) -> None:
+    """Remove an upload folder this process made (and nothing else)."""
+    if folder in _UPLOADS:
+        del _UPLOADS[folder]
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_orphan_uploads(alive: Callable[[str], bool]) -> None:
+    """Remove the upload folders of sessions that `alive` says have ended."""
+    for folder, owner in list(_UPLOADS.items()):
+        if owner is not None and not alive(owner):
+            drop_upload(folder)
+
+
+@atexit.register
+def _drop_all_uploads() -> None:
+    for folder in list(_UPLOADS):
+        drop_upload(folder)
+
+
+def new_upload_folder(owner: Optional[str] = None) -> Path:
+    folder = tempfile.mkdtemp(prefix="diag-upload-")
+    _UPLOADS[folder] = owner
+    return Path(folder)
+
+
+def save_uploads(files, max_mb: int, dest: Optional[Path] = None,
+                 owner: Optional[str] = None) -> tuple[Optional[Path], list[str]]:
+    """Write uploaded files (objects with .name, .size, .getvalue()) under a new private folder
+    owned by session `owner`. Returns (folder or None, problems). Refuses everything when the
+    total exceeds max_mb."""
     total = sum(int(f.size) for f in files)
     if total > max_mb * 1024 * 1024:
         return None, [f"upload of {total / 2**20:,.1f} MB refused: the limit is {max_mb} MB"]
-    dest = dest or Path(tempfile.mkdtemp(prefix="diag-upload-"))
+    dest = dest or new_upload_folder(owner)
     problems, saved = [], 0
     for f in files:
         name = clean_name(f.name)
@@ -143,22 +191,27 @@ def save_uploads(files, max_mb: int, dest: Optional[Path] = None) -> tuple[Optio
             continue
         target.write_bytes(f.getvalue())
         saved += 1
+    if not saved:
+        drop_upload(str(dest))
     return (dest if saved else None), problems
 
 
 def _signature(path: Path) -> tuple:
-    files = _run_files(path) if path.is_dir() else [str(path)]
+    files = run_files(path)
     return tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
 
 
 def load_run(path: Path, label: str, cache: OrderedDict,
-             progress: Optional[Callable[[str, int, int], None]] = None) -> LoadedRun:
-    """Diagnosis and pipeline Gantt of a run, from the cache when its files have not changed."""
-    key = (str(path), _signature(path))
+             progress: Optional[Callable[[str, int, int], None]] = None,
+             inputs: Optional[RunInputs] = None) -> LoadedRun:
+    """Diagnosis and pipeline Gantt of a run opened with `inputs` (default: `diag dashboard`'s
+    flags), from the cache when neither its files nor the inputs have changed."""
+    inputs = inputs or RunInputs.from_json(os.environ.get("DIAG_DASHBOARD_INPUTS"))
+    key = (str(path), _signature(path), inputs.to_json())
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    d = open_run(str(path), RunInputs.from_json(os.environ.get("DIAG_DASHBOARD_INPUTS")), progress=progress)
+    d = open_run(str(path), inputs, progress=progress)
     advice, cal = advise_run(d)
     run = LoadedRun(label=label, path=str(path), diagnosis=d, advice=advice, calibration=cal,
                     gantt=d.gantt)

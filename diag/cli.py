@@ -4,6 +4,7 @@ Exit codes: 0 success; 2 bad input or usage (the message names the file and the 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -12,7 +13,7 @@ from typing import Optional
 import click
 
 from .report import FORMATS
-from .runinputs import RunInputs, open_run, run_options
+from .runinputs import RunInputs, open_run, open_run_job, run_options
 from .trace.errors import TraceError
 
 
@@ -76,8 +77,12 @@ def main() -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to FILE instead of stdout.")
 @click.option("--force", is_flag=True, help="Write -o FILE even over an input or inside the analysed directory.")
+@click.option("--timeline", type=click.Path(), default=None, metavar="OUT.json",
+              help="Also write every rank's events on one timeline (clocks aligned, matched collectives "
+                   "linked, findings marked) for ui.perfetto.dev or chrome://tracing. Reads the traces, "
+                   "never their summaries.")
 @run_options
-def analyze(path: str, fmt: str, output: str | None, force: bool, inputs: RunInputs) -> None:
+def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str | None, inputs: RunInputs) -> None:
     """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
 
     A directory may be a job's own layout: rank traces in subfolders, or torchtitan's
@@ -91,7 +96,17 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, inputs: RunInp
     from .report import render
 
     refuse_or_exit(output, run_files(path, inputs), force)
-    emit(render(diagnose_or_exit(path, inputs), fmt), output)
+    if timeline:
+        from .report.timeline import refused
+        why = refused(timeline, path, inputs.iteration)
+        if why:
+            click.echo(f"diag: error: {why}", err=True)
+            sys.exit(2)
+        inputs = dataclasses.replace(inputs, use_summaries=False)
+    diagnosis, job = diagnose_or_exit(path, inputs, with_job=True)
+    if timeline:
+        timeline_or_exit(timeline, diagnosis, job)
+    emit(render(diagnosis, fmt), output)
 
 
 def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
@@ -124,19 +139,39 @@ def emit(text: str, output: Optional[str]) -> None:
         sys.exit(2)
 
 
-def diagnose_or_exit(path: str, inputs: RunInputs):
-    """open_run with a progress bar on a terminal; exit 2 with one line on bad input."""
+def diagnose_or_exit(path: str, inputs: RunInputs, with_job: bool = False):
+    """open_run with a progress bar on a terminal; exit 2 with one line on bad input.
+    with_job: (Diagnosis, Job), as open_run_job."""
     bar, update = _progress()
+    opener = open_run_job if with_job else open_run
     try:
         if bar:
             with bar:
-                return open_run(path, inputs, progress=update)
-        return open_run(path, inputs)
+                return opener(path, inputs, progress=update)
+        return opener(path, inputs)
     except TraceError as e:
         click.echo(f"diag: error: {e}", err=True)
     except ValueError as e:          # e.g. sizes that do not divide the world size
         click.echo(f"diag: error: {path}: {e}", err=True)
     sys.exit(2)
+
+
+def timeline_or_exit(out: str, diagnosis, job) -> None:
+    """Write the job's timeline (report.timeline), saying on stderr where and how; exit 2 on failure."""
+    from .report.timeline import write_timeline
+
+    say = lambda line: click.echo(f"diag: {line}", err=True)      # noqa: E731
+    try:
+        w = write_timeline(out, diagnosis, job, progress=say)
+    except TraceError as e:
+        click.echo(f"diag: error: {e}", err=True)
+        sys.exit(2)
+    except OSError as e:
+        click.echo(f"diag: error: {out}: cannot write the timeline: {e.strerror or e}", err=True)
+        sys.exit(2)
+    say(w.note)
+    say(f"timeline of {len(w.ranks)} ranks, {sum(c.events for c in w.ranks.values()):,} events and {w.marks} "
+        f"finding marks written to {out}: open it in ui.perfetto.dev or chrome://tracing")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,12 @@ def _bench_for(path: str, given: Optional[str]):
 def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
     """The Diagnosis of the run at `path` (recommendations included). Raises TraceError (a file
     and its problem) or ValueError (inputs that contradict each other or the traces)."""
+    return open_run_job(path, inputs, progress)[0]
+
+
+def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
+    """open_run's Diagnosis, and the Job it was made from: its ranks' summaries, their comms as
+    diagnosed (axes, groups, match ids), for a renderer that draws the events (report.timeline)."""
     from .analysis import diagnose
     from .analysis.collect import load_summaries
 
@@ -93,7 +99,7 @@ def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Call
     d = diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
                  shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
     from .advise.recommend import with_advice     # after the analysis: the layers run one way
-    return with_advice(d)
+    return with_advice(d), job
 
 
 def run_options(f):

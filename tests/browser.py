@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(ROOT, "test-artifacts")
@@ -63,11 +64,12 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def dashboard_server(path: str, port: int, log_path: str, *extra: str):
-    """`diag dashboard PATH --port PORT` in its own process group, killed on exit."""
+def dashboard_server(path: str, port: int, log_path: str, *extra: str, env: Optional[dict] = None):
+    """`diag dashboard PATH --port PORT` in its own process group (environment `env` added), killed on exit."""
     cmd = [sys.executable, "-m", "diag.cli", "dashboard", path, "--port", str(port), *extra]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
         try:
             wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc)
             yield f"http://127.0.0.1:{port}"

@@ -7,6 +7,7 @@ file outside the root.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from streamlit.proto.Common_pb2 import FileURLs
 from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
-from streamlit.testing.v1 import AppTest
+from dashapp import app, metrics
 from test_straggler_sets import turns_job
 
 from diag.analysis import diagnose
@@ -26,10 +27,10 @@ from diag.dashboard_cmd import resolve_root, streamlit_argv
 from diag.trace import load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APP = os.path.join(ROOT, "dashboards", "app.py")
 SAMPLES = os.path.join(ROOT, "sample_traces")
 sys.path.insert(0, os.path.join(ROOT, "dashboards"))
 from diag_runs import clean_name, list_runs, safe_path, save_uploads  # noqa: E402
+from ui import md  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,29 +51,20 @@ def root(tmp_path_factory):
     (r / "sum_out").mkdir()
     shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "sum_out" / "rank-0.pt.trace.json.gz")
     (r / "sum_out" / "rank-0.pt.trace.json.gz.diagsum").symlink_to(outside / "rank-0.pt.trace.json.gz.diagsum")
+    # one trace alone, whose diag_run.json and summary beside it link outside (issue #20, class 4)
+    (r / "single").mkdir()
+    shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "single" / "rank-0.pt.trace.json.gz")
+    (outside / "diag_run.json").write_text('{"secret": "outside the root"}')
+    (r / "single" / "diag_run.json").symlink_to(outside / "diag_run.json")
+    (r / "single_sum").mkdir()
+    shutil.copy(outside / "rank-0.pt.trace.json.gz", r / "single_sum" / "rank-0.pt.trace.json.gz")
+    (r / "single_sum" / "rank-0.pt.trace.json.gz.diagsum").symlink_to(outside / "rank-0.pt.trace.json.gz.diagsum")
     return r
 
 
 @pytest.fixture(scope="module")
 def diagnosis(root):
     return with_advice(diagnose(load_job(str(root / "tp2_pp2_dp2"))))
-
-
-def app(root, monkeypatch, page=None, run="tp2_pp2_dp2", **query) -> AppTest:
-    monkeypatch.setenv("DIAG_DASHBOARD_ROOT", str(root))
-    monkeypatch.setenv("DIAG_DASHBOARD_RUN", run)
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.query_params.update(query)
-    at.run()
-    if page:
-        at.switch_page(f"views/{page}.py")
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def metrics(at) -> dict:
-    return {m.label: m.value for m in at.metric}
 
 
 def test_overview_shows_the_diagnosis_numbers(root, monkeypatch, diagnosis):
@@ -109,15 +101,15 @@ def test_ranks_page(root, monkeypatch, diagnosis):
     assert len(at.get("plotly_chart")) == 2 and not at.error
     warned = [w.value for w in at.warning]
     assert len(warned) == len(diagnosis.comm.stragglers)
-    assert all(f"{s.who} " in w for s, w in zip(diagnosis.comm.stragglers, warned))
+    assert all(md(f"{s.who} ") in w for s, w in zip(diagnosis.comm.stragglers, warned))
 
 
 def test_ranks_page_names_a_set_of_stragglers(tmp_path, monkeypatch):
     """Ranks 3 and 6 of a synthesised TP=8 job take turns being late (test_straggler_sets)."""
     d, _ = turns_job(tmp_path / "turns")
     at = app(tmp_path, monkeypatch, "ranks", run="turns")
-    assert [w.value for w in at.warning] == [f"Straggler: {d.comm.stragglers[0].who} {d.comm.stragglers[0].reason}: "
-                                             f"{d.comm.stragglers[0].evidence}"]
+    assert [w.value for w in at.warning] == ["Straggler: " + md(f"{d.comm.stragglers[0].who} {d.comm.stragglers[0].reason}: "
+                                                                f"{d.comm.stragglers[0].evidence}")]
     assert d.comm.stragglers[0].who == "ranks 3 and 6" and not at.success
 
 
@@ -125,7 +117,9 @@ def test_ranks_page_says_when_it_cannot_tell(tmp_path, monkeypatch):
     """Rank 0 of a 2-rank job alone: nothing can be matched, so no "No straggler" either."""
     shutil.copytree(os.path.join(ROOT, "tests", "data", "a100_rank0_of_2_nccl_args"), tmp_path / "one_of_two")
     at = app(tmp_path, monkeypatch, "ranks", run="one_of_two")
-    assert [i.value for i in at.info] == ["Stragglers: cannot tell (no collective could be matched across ranks)."]
+    assert [i.value for i in at.info] == [f"Stragglers: cannot tell ({md('no collective could be matched across ranks')}).",
+                                          md("wait unknown (blank cells): no collective could be matched across ranks; "
+                                             "the traces of every rank of the group would make it known")]
     assert not at.warning and not at.success
 
 
@@ -134,13 +128,21 @@ def test_recommendations_and_what_if(root, monkeypatch, diagnosis):
 
     at = app(root, monkeypatch, "recommendations")
     recs = diagnosis.recommendations
-    assert [h.value for h in at.subheader] == [f"{i}. {r.title}" for i, r in enumerate(recs, 1)]
+    assert [h.value for h in at.subheader] == [f"{i}. {md(r.title)}" for i, r in enumerate(recs, 1)]
     m = metrics(at)
     cal = calibrate(diagnosis)
     assert m["Measured step"] == f"{cal.measured_step_s * 1e3:,.1f} ms"
     assert m["Predicted step"] == f"{cal.predict(cal.config) * 1e3:,.1f} ms"
+    # DP doubled keeps the global batch by default, as the recommendations do: half the micro-batches
+    c = cal.config
+    at.number_input(key="wi_dp").set_value(2 * c.dp).run()
+    kept = cal.predict(dataclasses.replace(c, dp=2 * c.dp, num_micro_batches=c.num_micro_batches // 2))
+    assert metrics(at)["Predicted step"] == f"{kept * 1e3:,.1f} ms"
+    assert metrics(at)["micro-batches"] == str(c.num_micro_batches // 2)
+    at.number_input(key="wi_dp").set_value(c.dp).run()
+    at.checkbox(key="wi_keep").uncheck().run()
     at.number_input(key="wi_m").set_value(4).run()
-    expected = cal.predict(dataclasses.replace(cal.config, num_micro_batches=4))
+    expected = cal.predict(dataclasses.replace(c, num_micro_batches=4))
     assert metrics(at)["Predicted step"] == f"{expected * 1e3:,.1f} ms"
     at.number_input(key="wi_pp").set_value(3).run()     # 4 layers do not split over 3 stages
     assert "cannot run this layout" in at.error[0].value
@@ -151,13 +153,24 @@ def test_compare_two_runs(root, monkeypatch, diagnosis):
     assert "Pick a second run" in at.info[0].value
     at.selectbox(key="compare_pick").set_value("pp2_m2").run()
     other = with_advice(diagnose(load_job(str(root / "pp2_m2"))))
-    assert metrics(at) == {"A: tp2_pp2_dp2": f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
-                           "B: pp2_m2": f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
+    assert metrics(at) == {"A: " + md("tp2_pp2_dp2"): f"{diagnosis.throughput.step_time_s * 1e3:,.1f} ms",
+                           "B: " + md("pp2_m2"): f"{other.throughput.step_time_s * 1e3:,.1f} ms"}
     assert at.query_params["compare"] == "pp2_m2" and len(at.get("plotly_chart")) == 3
+    # the same signed comparison as `diag compare`, a warning for the world sizes (8 vs 2), one y scale
+    from diag.advise.compare import compare
+    from diag.report.advice import comparison_rows
+    table = at.dataframe[0].value
+    assert [list(r) for r in table.itertuples(index=False)] == comparison_rows(compare(diagnosis, other))
+    assert [w.value for w in at.warning] == [md("world sizes differ (8 vs 2): compare tokens/s/GPU, not step time")]
+    ranges = [json.loads(c.proto.spec)["layout"]["yaxis"]["range"] for c in at.get("plotly_chart")[1:]]
+    from diag.analysis.results import steps_in_window
+    tallest = max(1e3 * max(r.breakdown.span_s for r in x.ranks) / steps_in_window(x.ranks) for x in (diagnosis, other))
+    assert ranges[0] == ranges[1] and tallest <= ranges[0][1] <= 1.06 * tallest
 
 
 @pytest.mark.parametrize("name", ["../", "../secret", "/etc", "tp2_pp2_dp2/../../secret", "link_out",
-                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "sum_out", "/etc/passwd"])
+                                  "link_out/rank-0.pt.trace.json.gz", "mixed", "sum_out", "/etc/passwd",
+                                  "single/rank-0.pt.trace.json.gz", "single_sum/rank-0.pt.trace.json.gz"])
 def test_query_param_outside_root_is_refused(root, monkeypatch, name):
     at = app(root, monkeypatch, run=name)
     assert at.error and at.error[0].value.startswith("Refused:")
@@ -169,6 +182,10 @@ def test_picker_lists_only_runs_inside_root(root):
     assert safe_path(root, "tp2_pp2_dp2/rank-0.pt.trace.json.gz") is not None
     assert safe_path(root, "mixed") is None and safe_path(root, "link_out") is None
     assert safe_path(root, "sum_out") is None
+    # a single trace is refused when a file its analysis reads beside it links outside
+    assert safe_path(root, "single/rank-0.pt.trace.json.gz") is None
+    assert safe_path(root, "single_sum/rank-0.pt.trace.json.gz") is None
+    assert safe_path(root, "pp2_m2/rank-0.pt.trace.json.gz") is not None
 
 
 def _upload(name: str, data: bytes) -> UploadedFile:
@@ -198,3 +215,69 @@ def test_dashboard_command_refuses_a_path_outside_root(root):
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
     assert argv[argv.index("--server.maxUploadSize") + 1] == "7"
     assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
+
+
+def test_sidebar_sets_layout_and_shape_as_the_cli_flags_do(root, monkeypatch, tmp_path):
+    """--global-batch-size and --seq-length set in the sidebar give the tokens/s the CLI gives
+    with the same flags; --tp on the old DLRM trace names its axis as `diag analyze --tp 4` does;
+    a --config outside the root is refused."""
+    import json as _json
+
+    at = app(root, monkeypatch)
+    at.number_input(key="in_global_batch_size").set_value(32).run()
+    at.number_input(key="in_seq_length").set_value(64).run()
+    cli = CliRunner().invoke(main, ["analyze", str(root / "tp2_pp2_dp2"), "--format", "json",
+                                    "--global-batch-size", "32", "--seq-length", "64"])
+    want = _json.loads(cli.output)["throughput"]["tokens_per_s_per_gpu"]
+    assert metrics(at)["Tokens/s per GPU"] == f"{want:,.0f}" != metrics(app(root, monkeypatch))["Tokens/s per GPU"]
+    at.text_input(key="in_config").input(str(root.parent / "secret" / "diag_run.json")).run()
+    assert any("refused: not a file under" in e.value for e in at.sidebar.error)
+
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "dlrm_4_ranks_alltoall"), tmp_path / "dlrm")
+    at = app(tmp_path, monkeypatch, run="dlrm")
+    at.number_input(key="in_tp").set_value(4).run()
+    cli = CliRunner().invoke(main, ["analyze", str(tmp_path / "dlrm"), "--format", "json", "--tp", "4"])
+    layout = _json.loads(cli.output)["layout"]
+    assert layout and md(f"Layout: {layout}") in at.caption[0].value
+
+
+def test_an_empty_chart_says_why(tmp_path, monkeypatch):
+    """The old DLRM trace records no message sizes: the busbw chart is empty and says so, with the
+    analysis's own note (what would make it known)."""
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "dlrm_4_ranks_alltoall"), tmp_path / "dlrm")
+    d = diagnose(load_job(str(tmp_path / "dlrm")))
+    note = next(n for n in d.comm.notes if n.startswith("busbw unknown"))
+    at = app(tmp_path, monkeypatch, "communication", run="dlrm")
+    assert [i.value for i in at.info] == [md(f"no bus bandwidth to draw: {note}")]
+    assert "record_shapes=True" in note
+
+
+def test_an_upper_bound_says_so(tmp_path, monkeypatch):
+    """DLRM's straggler recommendation removes the others' whole wait: its card says "Upper bound"."""
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "dlrm_4_ranks_alltoall"), tmp_path / "dlrm")
+    at = app(tmp_path, monkeypatch, "recommendations", run="dlrm")
+    from diag.runinputs import open_run
+    r = next(x for x in open_run(str(tmp_path / "dlrm")).recommendations if x.rule == "straggler")
+    assert r.upper_bound and metrics(at)["Upper bound step"] == f"{r.step_s_after * 1e3:,.1f} ms"
+    assert "Predicted step" not in metrics(at)
+
+
+def test_pipeline_gantt_shows_any_rank_of_a_stage(root, monkeypatch, diagnosis):
+    """Stage 1's selector offers ranks 4-7; picking rank 6 draws rank 6's step, the row the
+    analysis makes from rank 6's own trace (analysis.gantt.rank_step)."""
+    from diag.analysis.diagnose import job_layout, summaries_of
+    from diag.analysis.gantt import rank_step
+
+    at = app(root, monkeypatch, "pipeline")
+    box = at.selectbox(key="gantt_stage_1")
+    assert box.options == ["4", "5", "6", "7"] and box.value == 4
+    box.set_value(6).run()
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    rows = {y.split("<br>")[0] for t in spec["data"] if t["type"] == "bar" for y in t["y"]}
+    assert rows == {"stage 0 (rank 0)", "stage 1 (rank 6)"}
+    job = load_job(str(root / "tp2_pp2_dp2"))
+    want = rank_step(next(r for r in job.ranks if r.rank == 6), step=diagnosis.gantt.rows[0].step,
+                     grid=job_layout(job, summaries_of(job)), min_idle_fraction=0.002)
+    send = next(t for t in spec["data"] if t["name"] == "send/recv")
+    drawn = sum(x for x, y in zip(send["x"], send["y"]) if y.startswith("stage 1"))
+    assert abs(drawn - 1e3 * want.total("send/recv")) < 1e-6

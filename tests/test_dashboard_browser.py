@@ -65,6 +65,11 @@ def test_every_page_renders_in_chromium(tmp_path):
             _wait_page(driver, title, charts)
             driver.save_screenshot(os.path.join(OUT, f"{title.lower()}.png"))
             assert _problems_on_page(driver) == [], title
+            sidebar = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"]').text
+            assert "Open: tp2_pp2_dp2" in sidebar, (title, sidebar)      # moving between pages keeps the run
+            picker = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stSelectbox"]')
+            shown = picker.find_element(By.CSS_SELECTOR, "input").get_attribute("value")
+            assert shown == "tp2_pp2_dp2", (title, shown, picker.get_attribute("innerHTML")[:3000])   # and the picker shows it
             assert console_errors(driver) == [], title
             if title == "Overview":
                 values = [e.text for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stMetricValue"]')]

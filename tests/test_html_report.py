@@ -5,6 +5,7 @@ That it opens in Chromium without console errors is tested in test_dashboard_bro
 from __future__ import annotations
 
 import dataclasses
+import html
 import os
 import re
 
@@ -16,8 +17,11 @@ from diag.advise.recommend import with_advice
 from diag.analysis.diagnose import job_layout, summaries_of
 from diag.analysis.gantt import rank_step
 from diag.cli import main
+from diag.report import charts
+from diag.report.fmt import short_kernel
 from diag.report.html import render_html
 from diag.trace import load_job
+from kineto import TraceBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "sample_traces", "tp2_pp2_dp2")
@@ -71,3 +75,65 @@ def test_straggler_and_escaping_on_a_gpu_trace():
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     assert f"straggler: rank {d.comm.stragglers[0].rank} " in page
     assert "No pipeline parallelism known" in page
+
+
+def _many_steps(path, n: int) -> list[float]:
+    """A one-rank trace of n ProfilerSteps, step k lasting 1000 + 10 * (k % 7) us with one kernel in
+    it; returns the step durations in ms as written."""
+    b, at, durs = TraceBuilder(), 0.0, []
+    for k in range(n):
+        dur = 1000.0 + 10 * (k % 7)
+        b.step(k, at, dur).kernel("gemm_kernel", at + 100, 500)
+        durs.append(dur / 1e3)
+        at += dur + 5
+    b.write(str(path / "rank-0.pt.trace.json.gz"))
+    return durs
+
+
+def test_many_steps_make_a_bounded_report(tmp_path):
+    """The step heatmap of 3,000 steps has MAX_STEP_COLUMNS columns at most, each the mean of a run
+    of consecutive steps, worked here from the durations written to the trace; the page grows with
+    the heatmap's bounded size, not with the number of steps."""
+    durs = _many_steps(tmp_path, 3000)
+    d = diagnose(load_job(str(tmp_path)))
+    fig = charts.step_heatmap(d)
+    per = -(-3000 // charts.MAX_STEP_COLUMNS)
+    z = fig.data[0].z[0]
+    assert len(z) == -(-3000 // per) <= charts.MAX_STEP_COLUMNS
+    expected = [sum(durs[i:i + per]) / len(durs[i:i + per]) for i in range(0, 3000, per)]
+    assert max(abs(a - b) for a, b in zip(z, expected)) < 1e-3
+    assert f"mean of {per:,} consecutive steps of 3,000" in fig.layout.title.text
+    small = tmp_path / "small"
+    small.mkdir()
+    _many_steps(small, 200)
+    sizes = [len(render_html(x)) for x in (d, diagnose(load_job(str(small))))]
+    assert abs(sizes[0] - sizes[1]) < 20_000, sizes      # 15 times the steps, about the same page
+
+
+def test_recommendations_keep_checks_assumptions_and_say_upper_bound(tmp_path):
+    """DLRM's straggler recommendation is an upper bound (the others' whole wait removed): the
+    report says so, and keeps each check and assumption; long commands wrap (pre-wrap)."""
+    from diag.runinputs import open_run
+
+    d = open_run(DLRM)
+    r = next(x for x in d.recommendations if x.rule == "straggler")
+    assert r.upper_bound
+    page = render_html(d)
+    assert f"upper bound {r.step_s_after * 1e3:,.1f} ms" in page and "faster at best" in page
+    for line in [*(f"check: {c}" for c in r.checks), *(f"assumes: {a}" for a in r.assumptions)]:
+        assert f"<li>{html.escape(line)}</li>" in page
+    assert "white-space:pre-wrap" in page
+    top = d.ranks[0].top_kernels[0]
+    assert f"<td>{html.escape(short_kernel(top.name))}</td><td>{top.kind}</td><td>{top.count}</td>" in page
+
+
+def test_gantt_marks_the_ideal_bubble():
+    """Under each stage's row, a bar as long as the ideal bubble of that row's step: (p-1)/(m+p-1)
+    worked by hand for the sample (p=2, m=2: a third of the step)."""
+    d = diagnose(load_job(SAMPLE))
+    assert (d.pipeline.p, d.pipeline.m) == (2, 2)
+    fig = charts.gantt_chart(d.gantt, d.pipeline.ideal_fraction)
+    marks = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(marks) == len(d.gantt.rows) == 2
+    for m, row in zip(marks, d.gantt.rows):
+        assert abs(m.x1 - 1e3 * row.step_s / 3) < 1e-9 and m.x0 == 0

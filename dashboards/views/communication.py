@@ -10,16 +10,21 @@ st.title("Communication")
 if not d.comm:
     st.info("No communication in these traces.")
     st.stop()
+empty = charts.why_empty(d)
 left, right = st.columns(2)
 with left:
     st.subheader("Per parallel axis")
     ui.table(AXIS_HEADER, axis_rows(d))
+    if "axes" in empty:
+        st.info(ui.md(empty["axes"]))
     st.plotly_chart(charts.axis_exposure_bars(d), width="stretch")
 with right:
     st.subheader("Bus bandwidth")
+    if "busbw" in empty:
+        st.info(ui.md(empty["busbw"]))
     st.plotly_chart(charts.busbw_scatter(d), width="stretch")
 st.subheader("Collectives by axis, op and message size")
 ui.table(OPS_HEADER, op_rows(d))
 st.caption(ops_legend(d))
 for n in d.comm.notes:
-    st.caption(f"note: {n}")
+    st.caption(f"note: {ui.md(n)}")

@@ -1,9 +1,10 @@
-"""Compare: two runs side by side, with the differences."""
+"""Compare: two runs side by side, with the signed differences, on shared scales."""
 import streamlit as st
 
 import ui
-from diag.analysis.results import steps_in_window
+from diag.advise.compare import compare
 from diag.report import charts
+from diag.report.advice import comparison_rows
 
 a = ui.current()
 st.title("Compare")
@@ -23,35 +24,22 @@ if b is None:
     st.stop()
 
 
-def row(label: str, f, fmt):
-    va, vb = f(a.diagnosis), f(b.diagnosis)
-    diff = "-" if va is None or vb is None else fmt(vb - va)
-    return [label, fmt(va) if va is not None else "unknown", fmt(vb) if vb is not None else "unknown", diff]
-
-
-def mean_part(d, part):
-    n = steps_in_window(d.ranks)
-    return sum(getattr(r.breakdown, part) for r in d.ranks) / max(1, len(d.ranks)) / n
-
-
-def ms(x):
-    return f"{x * 1e3:,.2f} ms"
-
-
-tp = lambda d, k: getattr(d.throughput, k) if d.throughput else None  # noqa: E731
-rows = [row("step time", lambda d: tp(d, "step_time_s"), ms),
-        row("tokens/s per GPU", lambda d: tp(d, "tokens_per_s_per_gpu"), lambda x: f"{x:,.0f}"),
-        row("MFU", lambda d: tp(d, "mfu"), lambda x: f"{100 * x:.1f}%"),
-        row("ranks", lambda d: len(d.ranks), str)]
-rows += [row(f"{p} per step (mean rank)", lambda d, p=p: mean_part(d, p + "_s"), ms)
-         for p in ("compute", "comm", "memory", "idle")]
+# The same comparison as `diag compare A B` (diag.advise.compare), rendered as it renders it.
+cmp = compare(a.diagnosis, b.diagnosis)
+for n in cmp.notes:
+    st.warning(ui.md(n))
 c1, c2 = st.columns(2)
-c1.metric("A: " + a.label, ui.ms(tp(a.diagnosis, "step_time_s")))
-c2.metric("B: " + b.label, ui.ms(tp(b.diagnosis, "step_time_s")))
-ui.table(["", "A", "B", "B - A"], rows)
+step = lambda d: d.throughput.step_time_s if d.throughput else None  # noqa: E731
+c1.metric("A: " + ui.md(a.label), ui.ms(step(a.diagnosis)))
+c2.metric("B: " + ui.md(b.label), ui.ms(step(b.diagnosis)))
+ui.table(["metric", "unit", "A", "B", "B vs A"], comparison_rows(cmp))
+st.caption("B vs A: signed change from A to B, marked better or worse past 2%.")
+if cmp.config:
+    ui.table(["setting", "A", "B"], [[str(k), str(x), str(y)] for k, x, y in cmp.config])
 st.plotly_chart(charts.compare_bars(a.diagnosis, b.diagnosis, ("A", "B")), width="stretch")
 left, right = st.columns(2)
+y_max = max(charts.breakdown_peak_ms(a.diagnosis), charts.breakdown_peak_ms(b.diagnosis))   # one scale
 for col, run in ((left, a), (right, b)):
     with col:
-        st.subheader(run.label)
-        st.plotly_chart(charts.breakdown_bars(run.diagnosis), width="stretch", key=f"bd-{run.label}")
+        st.subheader(ui.md(run.label))
+        st.plotly_chart(charts.breakdown_bars(run.diagnosis, y_max), width="stretch", key=f"bd-{run.label}")

@@ -68,8 +68,9 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
 @click.option("--repeats", type=click.IntRange(1, 10), default=2, show_default=True,
               help="Runs of each configuration, alternating (the extra ones unprofiled).")
 @click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
+@click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def tune(out_dir: str, repeats: int, timeout: float, trainer_args) -> None:
+def tune(out_dir: str, repeats: int, timeout: float, rule, trainer_args) -> None:
     """Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.
 
     Example: diag tune --out runs/tune -- --nproc 2 --pipeline-model-parallel-size 2
@@ -86,7 +87,7 @@ def tune(out_dir: str, repeats: int, timeout: float, trainer_args) -> None:
         _fail("tune: set the output directory with diag tune --out, not in the trainer's flags")
     command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
     try:
-        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats)
+        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule)
     except TuneError as e:
         _fail(str(e), 1)
     click.echo(render_tune(res), nl=False)

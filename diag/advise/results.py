@@ -42,6 +42,7 @@ class Recommendation:
     assumptions: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)   # what to look at (stragglers), when there is no flag
     runnable: bool = True              # False when the instrumented trainer lacks the flag (Megatron-LM only)
+    upper_bound: bool = False          # step_s_after is the best case (the whole loss removed), not a prediction
     memory_before_bytes: Optional[float] = None   # modelled peak of the largest rank, measured configuration
     memory_after_bytes: Optional[float] = None    # ... after the change (advise/memory.py)
     memory_capacity_bytes: Optional[float] = None  # the device's memory (--memory-per-gpu); None: unknown

@@ -305,7 +305,8 @@ def straggler(ctx: Context) -> list[Recommendation]:
                         confidence="low", checks=_straggler_checks(ctx, s),
                         why="collectives finish when the last rank arrives; the others' wait is time the job "
                             f"loses to {'one rank' if one else 'these ranks'}",
-                        assumptions=["upper bound: the others' whole wait removed"], runnable=False)
+                        assumptions=["upper bound: the others' whole wait removed"], runnable=False,
+                        upper_bound=after is not None)
     return out
 
 
@@ -374,7 +375,7 @@ def unpriced(ctx: Context) -> list[Recommendation]:
         e = [ev(f"exposed {a.axis.upper()} communication", lost * 1e3, UNPRICED_MIN * ctx.step_s * 1e3, "ms/step",
                 "Communication by parallel axis")]
         out += ctx.make(f"{a.axis}_exposed", f"{what} (upper bound: the whole {lost * 1e3:,.0f} ms/step)", e, {},
-                        ctx.step_s - lost, confidence="low", runnable=False,
+                        ctx.step_s - lost, confidence="low", runnable=False, upper_bound=True,
                         why=f"{100 * lost / ctx.step_s:.0f}% of the step waits on {a.axis.upper()} communication "
                             f"that no compute hides; levers: {levers}",
                         assumptions=["upper bound: the whole exposed time removed; not priced, because the step-time "

@@ -56,6 +56,8 @@ class TuneResult:
     measured_change: Optional[float] = None    # from steps.jsonl medians (unprofiled steps)
     trace_change: Optional[float] = None       # from the traces' median step times (profiled steps)
     message: str = ""
+    memory_before: Optional[float] = None      # measured peak memory per rank (largest), bytes
+    memory_after: Optional[float] = None
 
     @property
     def error(self) -> Optional[float]:
@@ -126,17 +128,34 @@ def _traced(d: Diagnosis) -> list:
     return [s.host_s for x in d.ranks for s in x.steps]
 
 
+def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
+    """The run's measured peak memory per rank (the largest): diag_run.json's peak_memory_bytes,
+    else the largest `peak_memory_bytes` of the trainer's steps.jsonl; None when neither says."""
+    if d.facts.peak_memory_bytes:
+        return float(d.facts.peak_memory_bytes)
+    try:
+        with open(os.path.join(out, "steps.jsonl")) as f:
+            peaks = [json.loads(x).get("peak_memory_bytes") for x in f if x.strip()]
+    except (OSError, ValueError):
+        return None
+    peaks = [p for p in peaks if isinstance(p, (int, float)) and p > 0]
+    return float(max(peaks)) if peaks else None
+
+
 def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
-         repeats: int = 2) -> TuneResult:
-    """Run `command` (a trainer command line), apply its top runnable recommendation, re-run, compare.
+         repeats: int = 2, rule: Optional[str] = None) -> TuneResult:
+    """Run `command` (a trainer command line), apply its top runnable recommendation (or the one of
+    `rule`), re-run, compare.
 
     repeats > 1: both configurations are run again, alternately and without the profiler, so
     that a change in the machine's load between runs does not pass for the recommendation's effect.
     """
     before = run(command, os.path.join(out_dir, "before"), python, timeout)
-    recs = [r for r in advise(before.diagnosis).recommendations if r.command and r.runnable]
+    recs = [r for r in advise(before.diagnosis).recommendations if r.command and r.runnable
+            and (rule is None or r.rule == rule)]
     if not recs:
-        return TuneResult(before, None, None, message="no runnable recommendation: nothing to apply")
+        return TuneResult(before, None, None, message="no runnable recommendation" +
+                          (f" of rule {rule}" if rule else "") + ": nothing to apply")
     rec = recs[0]
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout)
     tb = measured_steps(before.out, before.diagnosis.run)
@@ -151,4 +170,6 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
                      measured_change=after.step_s / before.step_s - 1)
     if before.trace_step_s and after.trace_step_s:
         res.trace_change = after.trace_step_s / before.trace_step_s - 1
+    res.memory_before = measured_peak_memory(before.out, before.diagnosis)
+    res.memory_after = measured_peak_memory(after.out, after.diagnosis)
     return res

@@ -51,6 +51,11 @@ class RankComms:
     fsdp: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     blocked_lo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     blocked_hi: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # the trace file's ts (us) of start_ns 0: maps these times back onto the rank's own file
+    clock0_us: float = 0.0
+    # per instance, the id of its match across its group (analysis.matching), set by the job-level
+    # merge (diagnose); empty until then, -1 unmatched
+    match_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return int(self.coll.size)
@@ -63,6 +68,10 @@ class RankComms:
             lo, hi = np.concatenate([lo, self.blocked_lo[sel]]), np.concatenate([hi, self.blocked_hi[sel]])
         keep = hi > lo
         return iv.merge(lo[keep], hi[keep])
+
+    def exposed(self) -> iv.Intervals:
+        """Where this rank's communication is not hidden behind its compute (exposed comm)."""
+        return iv.subtract(self.timeline(), self.compute)
 
 
 SIG_OPS = 16        # Coll values fit below it
@@ -215,7 +224,7 @@ def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute,
                    sig=sig.astype(np.int64) if sig is not None else np.full(n, -1, np.int64),
                    fsdp=work.fsdp if work else np.zeros(n, bool),
                    blocked_lo=work.blocked_lo if work else np.zeros(n, np.int64),
-                   blocked_hi=work.blocked_hi if work else np.zeros(n, np.int64))
+                   blocked_hi=work.blocked_hi if work else np.zeros(n, np.int64), clock0_us=float(t.t0_us))
     rc.exposed_ns = _exposed_each(rc)
     return rc
 
@@ -231,7 +240,7 @@ def _exposed_each(rc: RankComms) -> np.ndarray:
     """Per instance: the part of its span and of its issuer's wait on it not under compute."""
     if not len(rc):
         return np.zeros(0, np.int64)
-    exposed = iv.subtract(rc.timeline(), rc.compute)
+    exposed = rc.exposed()
     start, end, lo, hi = rc.start_ns, rc.start_ns + rc.dur_ns, rc.blocked_lo, rc.blocked_hi
     both_lo = np.maximum(start, lo)
     both_hi = np.maximum(both_lo, np.minimum(end, hi))

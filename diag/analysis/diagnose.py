@@ -10,6 +10,7 @@ from .. import runmeta
 from ..runmeta import RunFacts
 from ..trace.job import Job
 from ..trace.table import RankTrace
+from .clocks import align
 from .collectives import RankComms, attribute_axes
 from .layoutfind import JobLayout, find_layout
 from .shapes import infer_shape
@@ -47,11 +48,14 @@ def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Option
                   device: Optional[str], link_gbps: Optional[float], bench=None,
                   unknown_axis_note: str = "", smaller_groups: bool = False) -> CommAnalysis:
     matched, inferred = match(comms, world, smaller_groups)
+    for rc, m in zip(comms, matched):        # carried with the comms: the timeline links each match
+        rc.match_id = m.match_id
     steps = max((r.window_steps for r in ranks), default=0)
     ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps, bench),
                       axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
     ca.stragglers = collective_stragglers(comms, matched, steps, rank_hosts(ranks)) + step_stragglers(ranks)
     ca.stragglers_unknown = cannot_tell(comms, matched, world)
+    ca.clock = align(comms)
     ca.notes += busbw_unknown_notes(ca.ops)
     if inferred:
         ca.notes.append("the traces do not name the process group of some collectives: matched across all "

@@ -22,6 +22,21 @@ def _others_wait(comm: CommAnalysis, late: list[int]) -> Optional[float]:
     return sum(waits) / len(waits) if waits else None
 
 
+def _rest_of_exposed(ranks: list[RankResult], comm: CommAnalysis, n: int, add) -> None:
+    """The ranks' mean exposed communication (the breakdown's, over every communication event)
+    less what the axes' rows hold (their matched collectives), so the communication rows add up
+    to the per-rank exposed time the breakdown shows; the rest is communication the analysis
+    could not join to a collective of an axis (a host thread's gloo work outside the matched
+    spans, an unlabelled op)."""
+    rank_mean = float(np.mean([r.overlap.exposed_per_step_s if r.overlap.exposed_per_step_s is not None
+                               else r.overlap.exposed_s / n for r in ranks]))
+    axes = sum(a.exposed_per_step_s if a.exposed_per_step_s is not None else a.exposed_s for a in comm.axes)
+    rest = rank_mean - axes
+    add("exposed communication not joined to an axis", rest,
+        f"the ranks' mean exposed communication ({rank_mean * 1e3:,.2f} ms) less the rows per axis "
+        f"({axes * 1e3:,.2f} ms)", FindingKind.COMM)
+
+
 def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Finding]:
     step_s, steps = _per_step(ranks)
     if not ranks:
@@ -50,6 +65,7 @@ def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Find
             hidden = f"{100 * a.hidden_ratio:.0f}% hidden behind compute" if a.hidden_ratio is not None else ""
             add(label, a.exposed_per_step_s if a.exposed_per_step_s is not None else a.exposed_s,
                 f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}", FindingKind.COMM)
+        _rest_of_exposed(ranks, comm, n, add)
         for s in comm.stragglers:
             waited = _others_wait(comm, s.ranks)
             if s.basis == StragglerBasis.COLLECTIVES and waited is not None:

@@ -51,6 +51,7 @@ class StageStep:
     step: int                          # N of ProfilerStep#N
     step_s: float
     segments: list[Segment] = field(default_factory=list)
+    start_us: Optional[float] = None   # the step's start on the rank's own trace clock (the file's ts, us)
 
     def total(self, kind: str) -> float:
         return sum(s.end_s - s.start_s for s in self.segments if s.kind == kind)
@@ -60,6 +61,9 @@ class StageStep:
 class PipelineGantt:
     timeline: str                      # "gpu" | "host"
     rows: list[StageStep] = field(default_factory=list)
+    # the same step of the stages' other ranks (tp/dp > 0), up to max_rows of them: a viewer may
+    # show any rank of a stage in place of its row
+    others: list[StageStep] = field(default_factory=list)
     note: str = ("one rank per stage (tp 0, dp 0), the same ProfilerStep on each; times from each rank's "
                  "own step start; communication under compute is hidden and not drawn; idle gaps under "
                  "0.2% of the step drawn as their neighbours")
@@ -185,7 +189,8 @@ def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Op
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
     stage = grid.stage(rc.rank) if grid is not None else None
     segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
-    return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs)
+    return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs,
+                     start_us=rc.clock0_us + lo / 1000.0)
 
 
 def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[JobLayout] = None,
@@ -207,13 +212,15 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
     ranks: (GanttInput, RankComms) per rank, the comms attributed to axes with `grid`."""
     by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
     staged = grid is not None and (grid.layout is not None or grid.pp > 1)
+    others: list[int] = []
     if staged:                       # the lowest loaded rank of each stage: tp 0, dp 0 where loaded
-        first_of = {}                # (over the loaded ranks, not the pp a flag or file claims)
+        by_stage: dict = {}          # (over the loaded ranks, not the pp a flag or file claims)
         for r in sorted(by_rank):
             s = grid.stage(r)
             if s is not None:
-                first_of.setdefault(s, r)
-        picks = [first_of[s] for s in sorted(first_of)]
+                by_stage.setdefault(s, []).append(r)
+        picks = [by_stage[s][0] for s in sorted(by_stage)]
+        others = [r for s in sorted(by_stage) for r in by_stage[s][1:]][:max_rows]
     else:
         picks = sorted(by_rank)[:max_rows]
     timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"
@@ -229,4 +236,5 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
         row = step_row(*by_rank[r], step=first.step, **kw) or step_row(*by_rank[r], **kw)
         if row is not None:
             out.rows.append(row)
+    out.others = [row for r in others if (row := step_row(*by_rank[r], step=first.step, **kw)) is not None]
     return out

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.2"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), unknown facts omitted
+SCHEMA_VERSION = "1.2"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment
 
 
 @dataclass
@@ -195,6 +195,9 @@ class Straggler:
     basis: StragglerBasis = StragglerBasis.COLLECTIVES
     who: str = ""                      # the set in words: "rank 2", "ranks 3 and 6", "ranks 8-15 (node h1)"
     node: Optional[str] = None         # the host, for kind "node"
+    # basis "collectives": [rank, ts_us, dur_us] of the members' arrivals at the collectives they
+    # delayed, on each member's own trace clock (the file's ts, us): the largest delays, up to 200
+    arrivals: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ranks = self.ranks or [self.rank]
@@ -209,6 +212,31 @@ class CommAnalysis:
     stragglers: list[Straggler] = field(default_factory=list)
     stragglers_unknown: Optional[str] = None   # why collectives cannot tell who is late (nothing matched)
     notes: list[str] = field(default_factory=list)
+    clock: Optional["ClockAlignment"] = None   # the ranks' clocks set against each other (analysis.clocks)
+
+
+@dataclass
+class ClockShift:
+    """How one rank's trace clock is moved onto the reference rank's."""
+
+    rank: int
+    offset_ns: Optional[int]           # added to the rank's trace times; None: nothing tied it to the reference
+    via: Optional[int] = None          # the rank whose clock it was set against (itself for the reference)
+    instances: int = 0                 # matched collectives the offset is the median over
+    spread_ns: Optional[int] = None    # their median absolute deviation from it: how well the ends agree
+
+
+@dataclass
+class ClockAlignment:
+    """Hosts' clocks are not aligned: each rank's offset, from the ends of matched collectives."""
+
+    reference: Optional[int]           # the rank whose clock the others are moved onto; None: none aligned
+    shifts: list[ClockShift] = field(default_factory=list)
+    basis: str = ("a collective ends at the same moment on every rank of its group (its start differs by "
+                  "the wait): per pair of ranks, the median over matched instances of the difference of "
+                  "their ends; pairs chained from the reference along the most-matched collectives first, "
+                  "pipeline send/recv only where no collective reaches a rank")
+    unknown: Optional[str] = None      # why some or all ranks keep their raw clocks
 
 
 class FindingKind(str, enum.Enum):

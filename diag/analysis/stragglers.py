@@ -35,6 +35,7 @@ SET_LIFT = 1.5                 # ... with a share of the delay 1.5x its share of
 SET_GAP = 2.0                  # ... and its least member caused twice what any rank outside it did
 TIE_SHARE = 0.8                # a rank that caused 80% of the least member's delay is one of them
 MEMBER_SHARE = 0.25            # each member caused a quarter of an even split of the set's delay, at least
+MAX_ARRIVALS = 200             # late arrivals carried per straggler (the largest delays): enough to find them
 MIN_EVENTS = 3                 # ... and was last in three collectives, at least
 SLOW_STEP = 1.10               # median step 10% above the median of the ranks
 # torch.profiler.tensorboard_trace_handler names a file "<hostname>_<pid>.<time_ns>.pt.trace.json"
@@ -69,24 +70,28 @@ def _group_medians(key: np.ndarray, value: np.ndarray, groups: int) -> np.ndarra
 
 
 def _credits(comms: list[RankComms], matched: list[Matched]):
-    """Per matched collective, the rank that made the others wait, and for how long.
+    """Per matched collective, the rank that made the others wait, for how long, and where its
+    instance is: (rank, delay ns, index into comms, instance index).
 
     The last to arrive is credited unless it was itself late because it had waited more
     earlier in the step (for a pipeline neighbour or another collective) than the ranks now
     waiting for it: then it only passed a delay on. Pipeline send/recv are the schedule,
     not lateness, and are never credited.
     """
-    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before")}
-    for rc, m in zip(comms, matched):
+    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii")}
+    for ri, (rc, m) in enumerate(zip(comms, matched)):
         sel = np.flatnonzero((m.match_id >= 0) & ~np.isin(rc.coll, P2P))
         cols["mid"].append(m.match_id[sel])
         cols["rank"].append(np.full(sel.size, rc.rank, np.int64))
         cols["wait"].append(m.wait_ns[sel])
         cols["last"].append(m.last[sel])
         cols["before"].append(_waited_before(rc, m)[sel])
+        cols["ri"].append(np.full(sel.size, ri, np.int64))
+        cols["ii"].append(sel)
     if not any(c.size for c in cols["mid"]):
         return []
-    mid, rank, wait, last, before = (np.concatenate(cols[k]) for k in ("mid", "rank", "wait", "last", "before"))
+    mid, rank, wait, last, before, ri, ii = (np.concatenate(cols[k]) for k in
+                                             ("mid", "rank", "wait", "last", "before", "ri", "ii"))
     n = int(mid.max()) + 1
     # the (first) last-arriver of each match, and the medians of the others
     lasts = np.flatnonzero(last)
@@ -101,14 +106,14 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         i = first_last[a]
         passed_on = before[i] - others_before[a] >= 0.5 * delay[a]
         if delay[a] >= MIN_DELAY_NS and not passed_on:
-            credits.append((int(rank[i]), float(delay[a])))
+            credits.append((int(rank[i]), float(delay[a]), int(ri[i]), int(ii[i])))
     return credits
 
 
 def _tally(credits: list) -> tuple[dict, dict]:
     """Per rank: how many collectives it delayed, and the delay it caused (ns)."""
     count, caused = defaultdict(int), defaultdict(float)
-    for rank, delay in credits:
+    for rank, delay, *_ in credits:
         count[rank] += 1
         caused[rank] += delay
     return count, caused
@@ -221,7 +226,18 @@ def collective_stragglers(comms: list[RankComms], matched: list[Matched], steps:
     kind, who, reason, node = _shape(members, hosts or {})
     return [Straggler(rank=max(members, key=lambda r: caused[r]), reason=reason,
                       evidence=_evidence(members, count, caused, len(credits), steps),
-                      ranks=members, kind=kind, who=who, node=node)]
+                      ranks=members, kind=kind, who=who, node=node, arrivals=_arrivals(comms, credits, members))]
+
+
+def _arrivals(comms: list[RankComms], credits: list, members: list[int]) -> list[list]:
+    """[rank, ts_us, dur_us] of the members' late instances, on each one's own trace clock (the
+    file's ts): the largest delays first, up to MAX_ARRIVALS, then in time order."""
+    mine = sorted((c for c in credits if c[0] in members), key=lambda c: -c[1])[:MAX_ARRIVALS]
+    out = []
+    for rank, _, ri, ii in mine:
+        rc = comms[ri]
+        out.append([rank, rc.clock0_us + int(rc.start_ns[ii]) / 1000.0, int(rc.dur_ns[ii]) / 1000.0])
+    return sorted(out)
 
 
 def cannot_tell(comms: list[RankComms], matched: list[Matched], world: Optional[int]) -> Optional[str]:

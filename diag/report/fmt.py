@@ -53,6 +53,15 @@ def rank_row(r: RankResult) -> list[str]:
             ms(r.overlap.exposed_per_step_s, 2)]
 
 
+KERNEL_HEADER = ["kernel", "kind", "count", "ms", "%"]
+
+
+def kernel_rows(r: RankResult) -> list[list[str]]:
+    """A rank's top kernels: short name, kind, calls, total ms over the window, share of kernel time."""
+    return [[short_kernel(k.name), k.kind, str(k.count), ms(k.total_s, 2), f"{100 * k.share:.1f}"]
+            for k in r.top_kernels]
+
+
 RANK_HEADER = ["rank", "step ms", "span ms", "comp%", "comm%", "mem%", "idle%", "ovl%", "exp ms"]
 RANK_LEGEND = ("step: median ProfilerStep wall time; span: first to last activity in the window; "
                "comm: communication not hidden by compute; ovl: share of communication under compute; "
@@ -65,6 +74,11 @@ def finding_rows(d: Diagnosis) -> list[list[str]]:
 
 
 FINDING_HEADER = ["where the time goes", "ms/step", "% step"]
+FINDING_LEGEND = ("ms/step: mean over ranks; the communication rows add up to the ranks' mean exposed "
+                  "communication (exp ms per rank below); % step: of the median step time")
+GANTT_LEGEND = ("gaps: the time of this one step with neither compute nor exposed communication on the "
+                "rank's timeline; the breakdown's idle% counts only time outside every operator over the "
+                "whole window, so the two differ")
 AXIS_HEADER = ["axis", "comm ms/step", "exposed ms/step", "hidden %"]
 OPS_HEADER = ["collective", "size", "calls", "ms/rank", "exposed", "wait", "busbw", "eff %"]
 OPS_LEGEND = ("ms/rank, exposed, wait: ms per rank over the window; busbw: GB/s (nccl-tests bus bandwidth) "

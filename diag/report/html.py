@@ -13,14 +13,16 @@ from typing import Optional
 from ..analysis.gantt import PipelineGantt
 from ..analysis.results import Diagnosis
 from . import charts
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
-                  axis_rows, finding_rows, grouped_rank_notes, headline, op_rows, ops_legend, pipeline_caption, pipeline_rows,
-                  rank_row, straggler_lines, throughput_lines)
+from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, GANTT_LEGEND, KERNEL_HEADER, OPS_HEADER,
+                  PIPE_HEADER, RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline,
+                  kernel_rows, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row, straggler_lines,
+                  throughput_lines)
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
 color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:.25em .7em;
 border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}
 th{background:#f4f4f4}caption{caption-side:bottom;font-size:.85em;color:#666;text-align:left;padding-top:.3em}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.5em}
 .note{color:#555;font-size:.9em}.straggler{color:#b00020}nav a{margin-right:1em}h2{margin-top:1.6em}"""
 _SECTIONS = (("overview", "Overview"), ("communication", "Communication"), ("pipeline", "Pipeline"),
              ("ranks", "Ranks"), ("recommendations", "Recommendations"))
@@ -44,16 +46,21 @@ def _figure(fig) -> str:
 def _overview(d: Diagnosis) -> list[str]:
     out = [f"<p>{_e(line)}</p>" for line in throughput_lines(d)]
     if d.findings:
-        out += ["<h3>Where the time goes, biggest loss first</h3>", table(FINDING_HEADER, finding_rows(d))]
+        out += ["<h3>Where the time goes, biggest loss first</h3>",
+                table(FINDING_HEADER, finding_rows(d), FINDING_LEGEND)]
     out += [_figure(charts.breakdown_bars(d)), table(RANK_HEADER, [rank_row(r) for r in d.ranks], RANK_LEGEND)]
+    for r in d.ranks[:1]:
+        out += [f"<h3>Top kernels, rank {r.rank}</h3>",
+                table(KERNEL_HEADER, kernel_rows(r), "others: diag analyze --format json" if len(d.ranks) > 1 else "")]
     return out
 
 
 def _communication(d: Diagnosis) -> list[str]:
     if not d.comm:
         return ["<p>No communication in these traces.</p>"]
-    out = [table(AXIS_HEADER, axis_rows(d)), _figure(charts.axis_exposure_bars(d)), _figure(charts.busbw_scatter(d)),
-           table(OPS_HEADER, op_rows(d), ops_legend(d))]
+    empty = charts.why_empty(d)
+    out = [table(AXIS_HEADER, axis_rows(d)), *_why(empty, "axes"), _figure(charts.axis_exposure_bars(d)),
+           *_why(empty, "busbw"), _figure(charts.busbw_scatter(d)), table(OPS_HEADER, op_rows(d), ops_legend(d))]
     out += [f"<p class='note'>note: {_e(n)}</p>" for n in d.comm.notes]
     return out
 
@@ -66,26 +73,34 @@ def _pipeline(d: Diagnosis, gantt: Optional[PipelineGantt]) -> list[str]:
         out.append("<p>No pipeline parallelism known for this run (PP = 1, or give --pp).</p>")
     if gantt and gantt.rows:
         ideal = d.pipeline.ideal_fraction if d.pipeline else None
-        out += [_figure(charts.gantt_chart(gantt, ideal)), f"<p class='note'>{_e(gantt.note)}</p>"]
+        out += [_figure(charts.gantt_chart(gantt, ideal)), f"<p class='note'>{_e(gantt.note)}. {_e(GANTT_LEGEND)}.</p>"]
     return out
 
 
+def _why(empty: dict, chart: str) -> list[str]:
+    """Why the next chart is empty or partly blank (charts.why_empty), when it is."""
+    return [f"<p class='note'>{_e(empty[chart])}</p>"] if chart in empty else []
+
+
 def _ranks(d: Diagnosis) -> list[str]:
-    out = [_figure(charts.step_heatmap(d))]
+    empty = charts.why_empty(d)
+    out = [*_why(empty, "steps"), _figure(charts.step_heatmap(d))]
     if d.comm:
-        out.append(_figure(charts.wait_heatmap(d)))
+        out += [*_why(empty, "wait"), _figure(charts.wait_heatmap(d))]
         out += [f"<p class='straggler'>{_e(line)}</p>" for line in straggler_lines(d)]
     return out
 
 
 def _recommendation(i: int, r) -> str:
-    ms = lambda s: "unknown" if s is None else f"{s * 1e3:,.1f} ms"  # noqa: E731
-    gain = "" if r.gain is None else f", {100 * r.gain:.1f}% faster"
+    after = f"upper bound {ms(r.step_s_after)} ms" if r.upper_bound else f"predicted {ms(r.step_s_after)} ms"
+    gain = "" if r.gain is None else f", {100 * r.gain:.1f}% faster" + (" at best" if r.upper_bound else "")
     rows = [[e.metric, f"{e.value:.4g}", f"{e.threshold:.4g}", e.unit] for e in r.evidence]
     flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
-    return (f"<h3>{i}. {_e(r.title)}</h3><p>step {ms(r.step_s_before)} → predicted {ms(r.step_s_after)}{gain}; "
+    notes = [f"<li>check: {_e(c)}</li>" for c in r.checks] + [f"<li>assumes: {_e(a)}</li>" for a in r.assumptions]
+    return (f"<h3>{i}. {_e(r.title)}</h3><p>step {ms(r.step_s_before)} ms → {after}{gain}; "
             f"confidence {_e(r.confidence)}</p>" + table(["evidence", "value", "threshold", "unit"], rows)
-            + f"<pre>{_e(r.command or flags)}</pre><p class='note'>{_e(r.why)}</p>")
+            + (f"<pre>{_e(r.command or flags)}</pre>" if r.command or flags else "")
+            + f"<p class='note'>{_e(r.why)}</p>" + (f"<ul class='note'>{''.join(notes)}</ul>" if notes else ""))
 
 
 def _recommendations(d: Diagnosis) -> list[str]:

@@ -15,9 +15,10 @@ from rich.table import Table
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .escape import terminal
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
-                  axis_rows, finding_rows, grouped_rank_notes, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
-                  short_kernel, straggler_lines, throughput_lines)
+from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, KERNEL_HEADER, OPS_HEADER, PIPE_HEADER,
+                  RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline, kernel_rows,
+                  op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row, straggler_lines,
+                  throughput_lines)
 
 
 def _table(title: str, header: list[str]) -> Table:
@@ -54,7 +55,8 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
     for line in throughput_lines(d):
         con.print(line, markup=False)
     con.print()
-    _print_table(con, "Where the time goes, biggest loss first", FINDING_HEADER, finding_rows(d))
+    _print_table(con, "Where the time goes, biggest loss first", FINDING_HEADER, finding_rows(d),
+                 FINDING_LEGEND)
     timeline = d.ranks[0].breakdown.timeline if d.ranks else "gpu"
     title = ("Temporal breakdown, GPU timeline (all streams merged)" if timeline == "gpu"
              else "Temporal breakdown, host timeline (CPU-only trace)")
@@ -73,10 +75,8 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         if told or d.comm.notes:
             con.print()
     for r in d.ranks[:1]:
-        rows = [[short_kernel(k.name), k.kind, str(k.count), ms(k.total_s, 2), f"{100 * k.share:.1f}"]
-                for k in r.top_kernels]
         title = f"Top kernels, rank {r.rank}" + (" (others: --format json)" if len(d.ranks) > 1 else "")
-        _print_table(con, title, ["kernel", "kind", "count", "ms", "%"], rows)
+        _print_table(con, title, KERNEL_HEADER, kernel_rows(r))
     con.print("Recommendations, biggest predicted gain first", style="bold")
     for line in recommendation_lines(d.recommendations):
         # wrapped at the console width under its own label; `diag recommend` prints commands unwrapped

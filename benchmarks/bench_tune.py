@@ -1,0 +1,81 @@
+"""The closed loop for each lever: predicted versus measured step change and peak memory.
+
+For every lever the recommender can propose, a small trainer job built to trip it is run, the
+recommendation of that lever is applied, the job re-run (`diag tune --rule`), and one row printed:
+lever, predicted step change, measured step change (medians of the unprofiled steps, both
+configurations run alternately `--repeats` times), predicted and measured peak memory per rank.
+The goal (issue #19): step change within 25% and memory within 15% of measured on CPU. This is a
+benchmark, not a test: it times real training on a shared machine, so read its ratios next to the
+noise it prints (the spread of the unprofiled steps of the first run).
+
+    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 2] [--only micro_batch,...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from diag.advise.memory import human  # noqa: E402
+from diag.advise.tune import measured_steps, tune  # noqa: E402
+
+SMALL = "--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --vocab-size 256 --train-iters 14"
+# lever (rule) -> trainer flags of a job whose diagnosis trips it
+CASES = {
+    "bubble": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 8 --global-batch-size 8",
+    "micro_batch": "--nproc 2 --micro-batch-size 1 --global-batch-size 16",
+    "dp_overlap": "--nproc 2 --micro-batch-size 4 --global-batch-size 16 --hidden-size 256",
+    "tp_layout": "--nproc 2 --tensor-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 8",
+    "interleave": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 2",
+    "recompute": "--nproc 1 --micro-batch-size 4 --global-batch-size 8 --recompute-granularity full",
+}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def _mem(x) -> str:
+    return "-" if not x else human(x)
+
+
+def row(rule: str, flags: str, out: str, repeats: int) -> list[str]:
+    command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(SMALL), *shlex.split(flags)])
+    try:
+        res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule)
+    except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
+        return [rule, "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
+    if res.after is None:
+        return [rule, "-", "-", "-", "-", "-", "-", res.message]
+    steps = measured_steps(res.before.out, res.before.diagnosis.run)
+    noise = float(np.std(steps) / np.median(steps)) if len(steps) > 1 else None
+    mem_err = None
+    if res.applied.memory_after_bytes and res.memory_after:
+        mem_err = res.applied.memory_after_bytes / res.memory_after - 1
+    return [rule, _pct(res.predicted_change), _pct(res.measured_change), _pct(noise),
+            _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench_out/tune")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
+    a = ap.parse_args()
+    only = [x for x in a.only.split(",") if x] or list(CASES)
+    head = ["lever", "predicted step", "measured step", "noise", "predicted peak", "measured peak",
+            "memory error", "change"]
+    rows = [row(r, CASES[r], a.out, a.repeats) for r in only]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
