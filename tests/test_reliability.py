@@ -297,7 +297,7 @@ def _peak_bytes(fn):
 
 
 # One int per claimed rank would be 8 bytes x 2^24 = 128 MiB; the analysis of two small traces
-# peaks far below that (measured: about 6 MiB), so a per-claimed-rank list or loop fails these.
+# peaks far below that (measured: about 1 MiB after a first run), so a per-claimed-rank list or loop fails these.
 PER_CLAIMED_RANK = 8 << 24
 
 
