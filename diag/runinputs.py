@@ -89,15 +89,25 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     diagnosed (axes, groups, match ids), for a renderer that draws the events (report.timeline)."""
     from .analysis import diagnose
     from .analysis.collect import load_summaries
+    from .analysis.flightrec import dumps_only, flight_record
+    from .trace.errors import TraceError
 
-    job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
-                         use_summaries=inputs.use_summaries, iteration=inputs.iteration)
+    fr, fr_problems = flight_record(path, inputs.strict)      # Flight Recorder dumps, alone or beside traces
+    try:
+        job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
+                             use_summaries=inputs.use_summaries, iteration=inputs.iteration)
+    except TraceError:
+        if fr is None and not fr_problems:
+            raise
+        from .trace.job import Job
+        return dumps_only(path, fr, fr_problems), Job(path, [])     # no trace: no events to draw
     config = None
     if inputs.config:                      # after the traces: "the rest of the ranks" needs the world size
         from .runconfig import load_config
         config = load_config(inputs.config, world_size=job.world_size)
     d = diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
                  shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+    d.flight_recorder, d.problems = fr, d.problems + fr_problems
     from .advise.recommend import with_advice     # after the analysis: the layers run one way
     return with_advice(d), job
 

@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="`job` label of the live metrics (default: the --out directory's name)")
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="dense peak TFLOP/s per device for live MFU (default: device table)")
+    g.add_argument("--flight-recorder-entries", type=int, default=2000,
+                   help="collectives kept in PyTorch's Flight Recorder, dumped per rank into OUT/flightrec on a "
+                        "timeout or failure, SIGUSR1/SIGTERM and at the end (0: off)")
+    g.add_argument("--fault-stall", default="", metavar="RANK:STEP:SECONDS",
+                   help="fault injection: RANK sleeps SECONDS once before STEP (a hang past --dist-timeout)")
+    g.add_argument("--fault-slow", default="", metavar="RANK:STEP:SECONDS",
+                   help="fault injection: RANK sleeps SECONDS before every step from STEP on")
     return p
 
 
@@ -94,9 +101,11 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                   prometheus_port=args.prometheus_port,
                                   prometheus_addr=args.prometheus_addr,
                                   prometheus_job=args.prometheus_job,
-                                  peak_tflops=args.peak_tflops),
+                                  peak_tflops=args.peak_tflops,
+                                  flight_recorder_entries=args.flight_recorder_entries),
         runtime=RuntimeConfig(device=args.device, dtype=args.dtype,
-                              dist_timeout=args.dist_timeout),
+                              dist_timeout=args.dist_timeout, fault_stall=args.fault_stall,
+                              fault_slow=args.fault_slow),
         command=command,
     )
 
@@ -128,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         from instrumented_trainer.launch import spawn  # noqa: PLC0415 - launcher only
 
         return spawn(world, argv, shlex.join(job.command), timeout_s=job.runtime.dist_timeout)
+    from instrumented_trainer.telemetry.flight_recorder import FlightRecorder  # noqa: PLC0415
     from instrumented_trainer.train import train  # noqa: PLC0415 - torch only in workers
 
-    train(job)
+    with FlightRecorder(job.telemetry.out, job.telemetry.flight_recorder_entries):  # on before the group exists
+        train(job)
     return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from instrumented_trainer.faults import Fault
+
 from diag.layout import RankGrid
 
 
@@ -112,6 +114,7 @@ class TelemetryConfig:
     prometheus_addr: str = "127.0.0.1"  # bind address: loopback unless asked otherwise
     prometheus_job: str = ""  # the `job` label; empty: the --out directory's name
     peak_tflops: float | None = None  # dense peak per device for live MFU; None: device table
+    flight_recorder_entries: int = 2000  # PyTorch Flight Recorder ring buffer (0: off); dumped to out/flightrec
 
     def __post_init__(self) -> None:
         if not 0 <= self.prometheus_port < 65536:
@@ -123,6 +126,8 @@ class TelemetryConfig:
                              "--profile-active >= 1")
         if self.metrics_interval <= 0:
             raise ValueError("--metrics-interval must be positive")
+        if self.flight_recorder_entries < 0:
+            raise ValueError("--flight-recorder-entries must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,12 +137,16 @@ class RuntimeConfig:
     device: str = "auto"
     dtype: str = "auto"
     dist_timeout: float = 300.0
+    fault_stall: str = ""  # faults.py: RANK:STEP:SECONDS, once (a hang past --dist-timeout)
+    fault_slow: str = ""  # faults.py: RANK:STEP:SECONDS, every step from STEP (a rank that got slow)
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"--dtype must be auto, fp32 or bf16, got {self.dtype!r}")
+        Fault.parse(self.fault_stall, "--fault-stall")
+        Fault.parse(self.fault_slow, "--fault-slow")
 
 
 @dataclass(frozen=True, kw_only=True)

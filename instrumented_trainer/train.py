@@ -16,7 +16,9 @@ import torch
 import torch.distributed as dist
 
 from diag.layout import Axis
+from instrumented_trainer import faults
 from instrumented_trainer.config import JobConfig
+from instrumented_trainer.faults import Fault
 from instrumented_trainer.data import global_batch, replica_micro_batches
 from instrumented_trainer.model import GPTStage
 from instrumented_trainer.parallel.data_parallel import GradSync
@@ -95,10 +97,12 @@ def train(job: JobConfig) -> list[float]:
     live = (start_live_metrics(job, rank, groups.coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
     heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
+    stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
     with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler:
         for step in range(job.train.train_iters):
             heartbeat.beat(step)
             comm.step = step
+            faults.before_step(step, stall, slow)  # flight recorder tests: off unless --fault-* given
             start = time.perf_counter()
             loss = train_step(job, step, stage, groups, optimizer, grad_sync, runtime)
             if runtime.cuda:

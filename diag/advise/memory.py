@@ -95,7 +95,7 @@ class Estimate:
         div, unit = (GiB, "GiB") if self.total >= GiB else (MiB, "MiB")
         act = f"{self.activations / div:.3g}" + (f" x {self.scale:.3g}" if self.scale != 1.0 else "")
         return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
-                f"{self.optimizer / div:.3g} + activations {act} ({self.in_flight:g} micro-batches in flight) "
+                f"{self.optimizer / div:.3g} + activations {act} ({self.in_flight:g} micro-batch{'es' * (self.in_flight != 1)} in flight) "
                 f"= {self.total / div:.3g} {unit} (stage {self.stage})")
 
 
@@ -268,4 +268,4 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
                        dtype="fp32" if f.dtype == "fp32" else "bf16")
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
-    return model, lay, capacity, [f"memory model: {model.basis}"]
+    return model, lay, capacity, [f"memory model: {model.basis}", f"peak memory now: {model.peak(lay).arithmetic()}"]

@@ -93,7 +93,8 @@ class Context:
             if rec.command:
                 rec.command = rerun_command(self.d.run.command if self.d.run else None, rec.flags, rec.rule)
         rec.memory_before_bytes, rec.memory_after_bytes = now.total, after.total
-        rec.memory[:0] = [f"now: {now.arithmetic()}", f"after: {after.arithmetic()}", self.memory.basis]
+        if after.total != now.total:     # the model's basis and the peak now are in the calibration notes
+            rec.memory.insert(0, f"after: {after.arithmetic()}")
         return True
 
     def axis(self, name: str) -> Optional[AxisOverlap]:

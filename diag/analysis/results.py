@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.2"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment
+SCHEMA_VERSION = "1.3"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder
 
 
 @dataclass
@@ -120,6 +120,7 @@ class Diagnosis:
     recommendations: list = field(default_factory=list)   # diag.advise.results.Recommendation, best first
     advice_basis: Optional[object] = None  # diag.advise.results.Basis: what they rest on (set with them)
     gantt: Optional[object] = None        # analysis.gantt.PipelineGantt: one step of every stage
+    flight_recorder: Optional["FlightRecord"] = None   # analysis.frresults: hang and timings from FR dumps
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 

@@ -38,7 +38,7 @@ def headline(d: Diagnosis) -> list[str]:
     timeline = "GPU" if any(r.timeline == "gpu" for r in d.ranks) else "host (CPU-only)"
     lines = [f"{os.path.basename(d.source.rstrip('/')) or d.source}: {n} rank trace{'s' * (n != 1)}, "
              f"{ws}, backend {d.backend or 'unknown'}",
-             f"Timeline: {timeline}" + (f"; device: {', '.join(devices)}" if devices else ""),
+             *([f"Timeline: {timeline}" + (f"; device: {', '.join(devices)}" if devices else "")] if n else []),
              f"Layout: {d.layout}" if d.layout else "Layout: unknown (no process-group names, sizes or config file)"]
     if d.missing_count:
         lines.append(f"Ranks without a trace here: {d.missing_count:,} of {d.world_size:,}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .escape import md_code, md_text
+from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
                   short_kernel, straggler_lines, throughput_lines)
@@ -22,6 +23,12 @@ def render_markdown(d: Diagnosis) -> str:
     lines = ["# diag report", ""] + [f"- {md_text(h)}" for h in headline(d)]
     lines += [f"- **problem** {md_code(p.file)}: {md_text(p.problem)}" for p in d.problems]
     lines += [f"- note: {md_text(n)}" for n in d.notes]
+    if d.flight_recorder is not None:
+        fr = d.flight_recorder
+        lines += ["", "## Flight Recorder", ""] + [f"- {md_text(line)}" for line in fr_lines(fr)] + [""]
+        lines += _table(FR_TIMING_HEADER, fr_timing_rows(fr)) + ["", f"_{md_text(fr_timing_legend(fr))}_", ""]
+        if not d.ranks:
+            return "\n".join(lines) + "\n"
     lines += [f"- {md_text(t)}" for t in throughput_lines(d)]
     if d.findings:
         lines += ["", "## Where the time goes, biggest loss first", ""] + _table(FINDING_HEADER, finding_rows(d))

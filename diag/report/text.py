@@ -15,6 +15,7 @@ from rich.table import Table
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .escape import terminal
+from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, KERNEL_HEADER, OPS_HEADER, PIPE_HEADER,
                   RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline, kernel_rows,
                   op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row, straggler_lines,
@@ -41,6 +42,14 @@ def _print_table(con: Console, title: str, header: list[str], rows: list[list[st
     con.print()
 
 
+def _print_flight_recorder(con: Console, fr) -> None:
+    for line in fr_lines(fr):
+        con.print(line, soft_wrap=True, markup=False)
+    con.print()
+    _print_table(con, "Collectives over the Flight Recorder buffer, by axis and op", FR_TIMING_HEADER,
+                 fr_timing_rows(fr), fr_timing_legend(fr))
+
+
 def render_text(d: Diagnosis, width: int = 80) -> str:
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None, highlight=False,
@@ -52,6 +61,10 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         con.print(f"problem: {p.file}: {p.problem}", soft_wrap=True, markup=False)
     for n in d.notes:
         con.print(f"note: {n}", soft_wrap=True, markup=False)
+    if d.flight_recorder is not None:      # a hang is the first thing to know
+        _print_flight_recorder(con, d.flight_recorder)
+        if not d.ranks:
+            return buf.getvalue()
     for line in throughput_lines(d):
         con.print(line, markup=False)
     con.print()

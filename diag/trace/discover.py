@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import TraceError
+from .flightrec import is_dump      # Flight Recorder dumps (JSON) beside the traces are no traces
 from .read import GZIP_MAGIC
 from .safeio import open_regular
 
@@ -87,7 +88,7 @@ def trace_files(directory: str) -> list[str]:
     """The trace files directly in `directory`, by name (a folder the user named is trusted)."""
     return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
             if n.endswith(TRACE_SUFFIXES) and n not in NOT_TRACES
-            and os.path.isfile(os.path.join(directory, n))]
+            and os.path.isfile(os.path.join(directory, n)) and not is_dump(os.path.join(directory, n))]
 
 
 def summary_files(directory: str) -> list[str]:

@@ -133,9 +133,9 @@ def _bus_factor(op: str, n: int) -> float:
 class TrainerCollector:
     """Builds the metric families from `live.snapshot` and `sampler.latest` at scrape time."""
 
-    def __init__(self, labels: dict[str, str], live: LiveStats, sampler=None) -> None:
+    def __init__(self, labels: dict[str, str], live: LiveStats, sampler=None, seqs=None) -> None:
         self.values = [labels[k] for k in LABELS]
-        self.live, self.sampler = live, sampler
+        self.live, self.sampler, self.seqs = live, sampler, seqs   # seqs: flight_recorder.SeqReader
 
     def _family(self, kind: str, name: str, doc: str, extra: tuple = ()):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -158,6 +158,22 @@ class TrainerCollector:
             yield self._one("gauge", "diag_pipeline_bubble_ideal_ratio",
                             "schedule's ideal bubble (p-1)/(m+p-1)", live.bubble_ideal)
         yield from self._device_metrics(getattr(self.sampler, "latest", None) or {})
+        if self.seqs is not None:
+            with guard("prometheus collective sequence numbers"):
+                yield from self._seq_metrics(self.seqs.groups())
+
+    def _seq_metrics(self, groups: list):
+        """The last collective entered / completed per process group (Flight Recorder): a rank
+        whose number stops while its group's others are ahead is the one a hang waits for."""
+        from diag.layout import axis_of_desc
+
+        for name, doc, i in (("diag_collective_last_enqueued_seq", "last collective this rank entered", 2),
+                             ("diag_collective_last_completed_seq", "last collective this rank completed", 3)):
+            fam = self._family("gauge", name, doc + ", per process group (sequence number)",
+                               ("pg", "group", "axis"))
+            for g in groups:
+                fam.add_metric([*self.values, g[0], g[1], axis_of_desc(g[1]) or "unknown"], g[i])
+            yield fam
 
     def _step_metrics(self, s: Snapshot):
         yield self._one("counter", "diag_steps", "training steps done", s.steps)
@@ -227,7 +243,9 @@ def start_live_metrics(job, rank: int, coords, sampler, peak_flops: float | None
     registry = None
     with guard("prometheus exporter"):
         port = exporter_port(tel.prometheus_port, local_rank)
-        collector = TrainerCollector(labels, live, sampler)
+        from .flight_recorder import SeqReader
+
+        collector = TrainerCollector(labels, live, sampler, SeqReader() if tel.flight_recorder_entries else None)
         registry = start_exporter(tel.prometheus_addr, port, collector)
     return live if registry is not None else None
 

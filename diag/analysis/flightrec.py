@@ -1,0 +1,72 @@
+"""The thin front of the Flight Recorder analysis: a folder of dumps in, a FlightRecord out.
+
+Reads every rank's dump (a bad one is a Problem naming the file; the others are analysed), finds
+the groups and their axes, then the hang state of each group (analysis.hang) and the timings and
+late ranks over the whole buffer (analysis.frtimings).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ..trace.errors import TraceError
+from ..trace.flightrec import FRDump, dump_files, read_dump
+from .frresults import FlightRecord
+from .frtimings import instances, late_ranks, op_timings
+from .hang import cause_ranks, group_members, hang_groups, name_axes
+from .results import Diagnosis, Problem
+
+
+def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Problem]]:
+    dumps, problems = [], []
+    for f in dump_files(path):
+        try:
+            dumps.append(read_dump(f))
+        except TraceError as e:
+            if strict:
+                raise
+            problems.append(Problem(e.path, e.problem))
+    seen: dict[int, str] = {}
+    for d in list(dumps):
+        if d.rank in seen:          # two dumps of one rank (two runs, or two dumps of one run)
+            problems.append(Problem(d.path, f"a second dump of rank {d.rank} (first: {seen[d.rank]}): set aside"))
+            dumps.remove(d)
+        seen.setdefault(d.rank, d.path)
+    return dumps, problems
+
+
+def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
+    groups = group_members(dumps)
+    grid = name_axes(dumps, groups)
+    times = [e.created_ns for d in dumps for e in d.entries]
+    fr = FlightRecord(files=[d.path for d in dumps], ranks=sorted(d.rank for d in dumps),
+                      entries=len(times), first_ns=min(times, default=None), last_ns=max(times, default=None),
+                      layout=grid.describe())
+    fr.groups = hang_groups(dumps, groups, grid)
+    fr.cause = cause_ranks(fr.groups)
+    found = instances(dumps, groups)
+    axis_of = {g.pg: g.axis if g.axis != "unknown" else g.desc or "unknown" for g in fr.groups}
+    fr.timings = op_timings(found, axis_of)
+    fr.late, fr.late_basis, fr.late_unknown, fr.late_window_s = late_ranks(found)
+    if any(e.p2p for d in dumps for e in d.entries):
+        fr.notes.append("point-to-point entries (send/recv) are not matched: their sequence numbers are per pair")
+    if not any(g.ranks for g in fr.groups):
+        fr.notes.append("the dumps record no collective")
+    return fr
+
+
+def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:
+    """(the analysis, or None when `path` holds no dump; the dumps that could not be read)."""
+    dumps, problems = read_dumps(path, strict)
+    return (analyse_dumps(dumps) if dumps else None), problems
+
+
+def dumps_only(path: str, fr: Optional[FlightRecord], problems: list[Problem]) -> Diagnosis:
+    """The Diagnosis of a folder with Flight Recorder dumps and no profiler trace. With no dump
+    readable, the first problem is the error (one line naming the file)."""
+    if fr is None:
+        raise TraceError(problems[0].file, problems[0].problem)
+    world = max((max(g.ranks) + 1 for g in fr.groups if g.ranks), default=None)
+    return Diagnosis(source=os.path.abspath(path), world_size=world, backend=None, ranks=[], layout=fr.layout,
+                     problems=problems, flight_recorder=fr,
+                     notes=["no profiler trace here: the report is the Flight Recorder dumps' alone"])

@@ -1,0 +1,90 @@
+"""Typed results of a Flight Recorder analysis, carried in Diagnosis.flight_recorder.
+
+Schema in docs/schema.md ("flight_recorder"). Times are seconds, sizes bytes; a fact the dumps
+do not carry is null, with the reason in the `unknown` fields, never a zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class FRWaiter:
+    rank: int
+    since_ns: int                     # host clock (ns since the epoch) when it entered the collective
+
+
+@dataclass
+class FRGroup:
+    """Where one process group stands: the collective every member entered last, and the next."""
+
+    pg: str                           # the process group's name in the dumps
+    desc: str                         # its description (mesh_dp, default_pg, ...)
+    axis: str                         # the parallel axis (layout), "world" (the default group) or "unknown"
+    ranks: list[int]                  # members
+    last_common_seq: Optional[int]    # the last collective every dumped member entered
+    next_seq: Optional[int] = None    # the first collective not every member entered; None: all in step
+    next_op: Optional[str] = None
+    next_bytes: Optional[int] = None  # its message size (nccl-tests S), when sizes and dtype are known
+    missing: list[int] = field(default_factory=list)      # members that never entered next_seq
+    waiting: list[FRWaiter] = field(default_factory=list)  # members inside it, waiting
+    mismatch_seq: Optional[int] = None                    # the first collective entered with different op/size
+    mismatch: Optional[str] = None
+    undumped: list[int] = field(default_factory=list)     # members without a dump: their state is unknown
+    blocked: list[int] = field(default_factory=list)      # missing members that wait in another group's collective
+    verdict: str = ""                 # the one line a person acts on
+
+    @property
+    def stuck(self) -> bool:
+        return bool(self.missing) or self.mismatch is not None
+
+
+@dataclass
+class FROpTiming:
+    """One axis × collective over the whole buffer, instances matched across their group."""
+
+    axis: str
+    op: str
+    group_size: int
+    instances: int                    # matched across every member of their group
+    median_bytes: Optional[float]
+    transfer_median_s: Optional[float]   # the shortest member's duration (the others waited), median
+    transfer_p95_s: Optional[float]
+    wait_median_s: Optional[float]    # per member, its duration's excess over the transfer
+    busbw_median_gbps: Optional[float]   # nccl-tests busbw on the transfer time, GB/s
+    unknown: Optional[str] = None     # why durations / busbw are null
+
+
+@dataclass
+class FRLate:
+    """A rank the others wait for, and since when: a slowdown the profiler window may not show."""
+
+    rank: int
+    since_ns: int                     # start of the first window in which it is late
+    until_ns: Optional[int]           # end of the last such window; None: late to the end of the buffer
+    waited_before_ms_per_s: float     # others' wait for it per second of run, before `since`
+    waited_after_ms_per_s: float      # ... from `since` to `until`
+    evidence: str
+
+
+@dataclass
+class FlightRecord:
+    files: list[str]
+    ranks: list[int]                  # ranks with a readable dump
+    entries: int
+    first_ns: Optional[int]           # the buffers' time range (host clock)
+    last_ns: Optional[int]
+    layout: Optional[str] = None      # how the groups were named by axis
+    groups: list[FRGroup] = field(default_factory=list)   # the cause first, then the groups stuck behind it
+    cause: list[int] = field(default_factory=list)        # ranks others wait for that wait for nobody
+    timings: list[FROpTiming] = field(default_factory=list)
+    late: list[FRLate] = field(default_factory=list)
+    late_basis: str = ""              # how lateness was measured
+    late_unknown: Optional[str] = None
+    late_window_s: Optional[float] = None   # the windows' length (the buffer after each group's first collective / 8)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def hangs(self) -> list[FRGroup]:
+        return [g for g in self.groups if g.stuck]

@@ -1,0 +1,57 @@
+"""The Flight Recorder part of a report, as lines and table rows every renderer shares."""
+from __future__ import annotations
+
+import time
+
+from ..analysis.hang import size_words
+from .fmt import ms
+
+FR_TIMING_HEADER = ["collective", "n", "calls", "size", "xfer ms", "p95 ms", "wait ms", "busbw"]
+
+
+def _clock(ns) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9)) + " UTC" if ns else "-"
+
+
+def fr_headline(fr) -> list[str]:
+    span = (fr.last_ns - fr.first_ns) / 1e9 if fr.first_ns is not None else 0.0
+    return [f"Flight Recorder: {len(fr.ranks)} rank dumps, {fr.entries:,} entries, "
+            f"{_clock(fr.first_ns)} to {_clock(fr.last_ns)} ({span:,.1f} s)",
+            f"Groups named by: {fr.layout}" if fr.layout else "Groups named by: unknown (no group descriptions)"]
+
+
+def hang_lines(fr) -> list[str]:
+    """The stuck groups first, one line each; 'no hang' when every group is in step."""
+    stuck = fr.hangs
+    if not stuck:
+        return ["no hang: in every group, every dumped member entered the same last collective"]
+    head = ([f"hang: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
+             f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"]
+            if fr.cause else [])
+    return head + [f"hang: {g.verdict}" for g in stuck]
+
+
+def late_lines(fr) -> list[str]:
+    if fr.late_unknown:
+        return [f"late ranks: cannot tell ({fr.late_unknown})"]
+    if not fr.late:
+        return ["late ranks: none (no rank made the others wait 100 ms per s of run or more in two windows of the buffer)"]
+    return [f"late: rank {x.rank} from {_clock(x.since_ns)}" + (f" to {_clock(x.until_ns)}" if x.until_ns else "")
+            + f": {x.evidence}" for x in fr.late]
+
+
+def fr_timing_rows(fr) -> list[list[str]]:
+    return [[f"{t.axis}:{t.op}", str(t.group_size), f"{t.instances:,}", size_words(t.median_bytes) if t.median_bytes is not None else "-",
+             ms(t.transfer_median_s, 3), ms(t.transfer_p95_s, 3), ms(t.wait_median_s, 3),
+             f"{t.busbw_median_gbps:.2f}" if t.busbw_median_gbps is not None else "-"] for t in fr.timings]
+
+
+def fr_timing_legend(fr) -> str:
+    why = sorted({t.unknown for t in fr.timings if t.unknown})
+    return ("Matched across each group by sequence number; transfer = the shortest member's duration; "
+            "wait = a member's excess over it (medians); size: median message; busbw GB/s per nccl-tests." + "".join(f" '-': {w}." for w in why))
+
+
+def fr_lines(fr) -> list[str]:
+    """Everything but the timing table, in reading order."""
+    return fr_headline(fr) + hang_lines(fr) + late_lines(fr) + [f"note: {n}" for n in fr.notes]

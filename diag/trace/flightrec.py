@@ -1,0 +1,208 @@
+"""Flight Recorder dumps: PyTorch's per-rank ring buffer of collectives, read without trusting it.
+
+A job that hangs or slows down an hour in leaves no profiler trace of the moment; PyTorch's Flight
+Recorder does (TORCH_FR_BUFFER_SIZE entries per process, dumped per rank on a timeout, on demand
+or by `torch._C._distributed_c10d._dump_fr_trace_json()`). A dump is JSON (ours, and
+`_dump_fr_trace_json`) or a pickle (the watchdog's default `TORCH_FR_DUMP_TEMP_FILE`
+`<prefix><rank>` files). Both hold plain containers only: `version`, `pg_config` (name -> desc and
+ranks), `pg_status` (per local pg id: last enqueued / completed sequence number) and `entries`, one
+per collective. A pickle is read by an unpickler that refuses every class and callable, so
+nothing in the file is ever executed; no pickle.load.
+
+The rank is not in the dump: it is the number at the end of the file name (as PyTorch's fr_trace
+reads it). Every malformed field is a TraceError naming the file, the entry and the field.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import TraceError
+from .kinds import Coll, coll_from_host_op, dtype_bytes
+
+MAX_DUMP_BYTES = 1 << 30            # a dump of 20k entries with stacks is tens of MB
+DUMP_FOLDERS = ("flightrec", "comm_traces", "fr_traces")   # ours; torchtitan's; a common choice
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
+_JSON_HEAD = re.compile(rb'"(?:entries|pg_status|pg_config)"\s*:')
+_PICKLE_HEAD = (b"pg_config", b"entries", b"pg_status", b"version")
+
+
+@dataclass
+class FREntry:
+    """One collective as one rank recorded it."""
+
+    pg: str                          # the process group's name (unique per group, same on its members)
+    desc: str                        # its description: mesh_tp, default_pg, ...
+    seq: int                         # collective_seq_id (p2p_seq_id for point-to-point)
+    p2p: bool
+    op: str                          # profiling_name: nccl:all_reduce, gloo:all_gather, ...
+    coll: Coll
+    in_nelems: Optional[int]
+    out_nelems: Optional[int]
+    dtype_bytes: int                 # 0: unknown
+    state: str                       # scheduled | started | completed
+    created_ns: int                  # when the rank entered (enqueued) it, host clock
+    completed_ns: Optional[int]      # None: not recorded (gloo, or timing off)
+    duration_s: Optional[float]      # None: not timed (TORCH_NCCL_ENABLE_TIMING, GPU only)
+
+
+@dataclass
+class FRDump:
+    path: str
+    rank: int
+    version: str
+    groups: dict = field(default_factory=dict)    # pg name -> (desc, [ranks]) from pg_config; [] unknown
+    entries: list[FREntry] = field(default_factory=list)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings and numbers; any class or callable is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}; only plain containers are accepted")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it holds a persistent id; only plain containers are accepted")
+
+
+def is_dump(path: str) -> bool:
+    """Does the file look like a Flight Recorder dump (its first bytes, not its name)?"""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if head[:1] == b"\x80":
+        return any(k in head for k in _PICKLE_HEAD)
+    return head.lstrip()[:1] == b"{" and bool(_JSON_HEAD.search(head)) and b'"traceEvents"' not in head
+
+
+def dump_files(root: str) -> list[str]:
+    """Dump files in `root` itself (those whose content is a dump's) or in its flightrec/comm_traces
+    folders (every file named with a rank: a bad one is then reported, not skipped); a file: itself."""
+    if os.path.isfile(root):
+        return [root] if is_dump(root) else []
+    out = []
+    for folder in (root, *(os.path.join(root, d) for d in DUMP_FOLDERS)):
+        if not os.path.isdir(folder) or (folder != root and os.path.islink(folder)):
+            continue
+        for name in sorted(os.listdir(folder)):
+            p = os.path.join(folder, name)
+            if os.path.isfile(p) and not os.path.islink(p) and _RANK_IN_NAME.search(name) \
+                    and (folder != root or is_dump(p)) and not name.endswith(".partial"):
+                out.append(p)
+    return out
+
+
+def read_dump(path: str) -> FRDump:
+    """One rank's dump; TraceError(path, problem) for anything not a well-formed dump."""
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    if not m:
+        raise TraceError(path, "no rank number at the end of the file name (PyTorch names dumps <prefix><rank>)")
+    raw = load_plain(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
+        raise TraceError(path, "not a Flight Recorder dump: no 'entries' list at the top")
+    dump = FRDump(path, int(m.group(1)), str(raw.get("version", "")), _groups(path, raw.get("pg_config")))
+    for i, e in enumerate(raw.get("entries", [])):
+        dump.entries.append(_entry(path, i, e))
+    return dump
+
+
+def load_plain(path: str):
+    """The dump's plain containers (dicts, lists, strings, numbers), JSON or pickle; TraceError else."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_DUMP_BYTES:
+            raise TraceError(path, f"{size} bytes, more than a Flight Recorder dump holds ({MAX_DUMP_BYTES})")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if data[:1] == b"\x80":
+        try:
+            return _PlainUnpickler(io.BytesIO(data)).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+                AttributeError, RecursionError, OverflowError, MemoryError) as e:
+            raise TraceError(path, f"pickle refused: {e}") from None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise TraceError(path, f"not valid JSON ({e}): truncated or not a dump") from None
+
+
+def _groups(path: str, pg_config) -> dict:
+    if pg_config is None:
+        return {}
+    if not isinstance(pg_config, dict):
+        raise TraceError(path, "pg_config is not a mapping of group name to its description and ranks")
+    out = {}
+    for name, g in pg_config.items():
+        if not isinstance(g, dict):
+            raise TraceError(path, f"pg_config[{name!r}] is not a mapping")
+        ranks = g.get("ranks", [])
+        if isinstance(ranks, str):            # PyTorch writes "[0, 1]" as a string
+            try:
+                ranks = json.loads(ranks) if ranks.strip() else []
+            except ValueError:
+                raise TraceError(path, f"pg_config[{name!r}].ranks is {ranks[:40]!r}, not a list of ranks") from None
+        if not isinstance(ranks, list) or not all(_is_int(r) and r >= 0 for r in ranks):
+            raise TraceError(path, f"pg_config[{name!r}].ranks is not a list of ranks")
+        if name:                               # gloo writes one empty placeholder
+            out[str(name)] = (str(g.get("desc") or ""), sorted(set(ranks)))
+    return out
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int(path: str, i: int, e: dict, key: str, required: bool = True) -> Optional[int]:
+    v = e.get(key)
+    if v is None and not required:
+        return None
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        v = int(v)
+    if not _is_int(v):
+        raise TraceError(path, f"entry {i}: {key} is {v!r:.40}, not an integer")
+    return v
+
+
+def _nelems(path: str, i: int, sizes) -> Optional[int]:
+    """Elements over the entry's tensors; None when not recorded."""
+    if sizes is None:
+        return None
+    if not isinstance(sizes, list) or not all(isinstance(s, list) and all(_is_int(d) and d >= 0 for d in s)
+                                              for s in sizes):
+        raise TraceError(path, f"entry {i}: input/output sizes are not lists of dimensions")
+    return sum(math.prod(s) for s in sizes) or None
+
+
+def _entry(path: str, i: int, e) -> FREntry:
+    if not isinstance(e, dict):
+        raise TraceError(path, f"entry {i} is not a mapping")
+    pg = e.get("process_group")
+    if not (isinstance(pg, (list, tuple)) and len(pg) == 2 and all(isinstance(x, str) for x in pg)):
+        raise TraceError(path, f"entry {i}: process_group is {pg!r:.60}, not [name, description]")
+    name = e.get("profiling_name")
+    if not isinstance(name, str):
+        raise TraceError(path, f"entry {i}: profiling_name is {name!r:.40}, not a string")
+    p2p = bool(e.get("is_p2p", False))
+    seq = _int(path, i, e, "p2p_seq_id" if p2p else "collective_seq_id")
+    created = _int(path, i, e, "time_created_ns")
+    done = _int(path, i, e, "time_discovered_completed_ns", required=False)
+    dur = e.get("duration_ms")
+    if dur is not None and (not isinstance(dur, (int, float)) or isinstance(dur, bool) or not dur >= 0):
+        raise TraceError(path, f"entry {i}: duration_ms is {dur!r:.40}, not a duration")
+    dtypes = e.get("input_dtypes") or e.get("output_dtypes") or []
+    return FREntry(pg=pg[0], desc=pg[1], seq=seq, p2p=p2p, op=name, coll=coll_from_host_op(name.split(" ")[0]),
+                   in_nelems=_nelems(path, i, e.get("input_sizes")),
+                   out_nelems=_nelems(path, i, e.get("output_sizes")),
+                   dtype_bytes=dtype_bytes(dtypes[0]) if isinstance(dtypes, list) and dtypes else 0,
+                   state=str(e.get("state", "")), created_ns=created, completed_ns=done or None,
+                   duration_s=None if dur is None else dur / 1e3)

@@ -1,0 +1,79 @@
+"""A hang seen live: a real Prometheus scrapes a real 2-rank DP job in which rank 1 stalls; the
+Flight Recorder sequence numbers show rank 1 one collective behind its DP group, the hang alert's
+condition picks rank 1 alone, the Grafana panels of the row have data, and the dumps taken on
+SIGUSR1 name the same group (its pg label) in `diag analyze`.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+
+from diag.analysis.flightrec import flight_record
+from promserver import PROM_DIR, ROOT, TINY, _kill, free_ports, prometheus_server, query
+from trainer.test_faults import _child_with_rank
+
+pytestmark = pytest.mark.slow
+JOB, STALL_STEP = "hangtest", 30
+ROW = "Collectives in flight (Flight Recorder)"
+
+
+def _row_queries() -> list[str]:
+    panels = json.loads((ROOT / "dashboards" / "grafana" / "diag.json").read_text())["panels"]
+    start = next(i for i, p in enumerate(panels) if p["title"] == ROW)
+    return [t["expr"].replace("$job", JOB).replace("$node", ".*") for p in panels[start + 1:start + 3]
+            for t in p["targets"]]
+
+
+def test_stalled_rank_is_behind_its_group_live(tmp_path):
+    base = free_ports(2)
+    with prometheus_server(tmp_path, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]) as url:
+        cmd = [sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--train-iters", "100000",
+               "--no-profile", "--no-metrics", "--prometheus-port", str(base), "--prometheus-job", JOB,
+               "--fault-stall", f"1:{STALL_STEP}:600", "--out", str(tmp_path / JOB), *TINY]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            behind = _wait_hung(url, proc)
+            assert [(r["metric"]["rank"], r["metric"]["axis"], r["value"][1]) for r in behind] == [("1", "dp", "1")]
+            pg = behind[0]["metric"]["pg"]
+            for expr in _row_queries():
+                assert query(url, expr), expr
+            alert = next(r for g in yaml.safe_load((PROM_DIR / "rules" / "diag-alerts.yml").read_text())["groups"]
+                         for r in g["rules"] if r.get("alert") == "DiagCollectiveHang")
+            # its condition, with the 5-minute stillness window cut to 10 s for the test
+            cond = alert["expr"].replace("job_pg_rank:diag_collective_last_enqueued_seq:changes5m",
+                                         "changes(diag_collective_last_enqueued_seq[10s])")
+            fired = query(url, cond.replace("job_pg_rank:diag_collective_seq_behind",
+                                            f'job_pg_rank:diag_collective_seq_behind{{job="{JOB}"}}'))
+            assert [(r["metric"]["rank"], r["metric"]["pg"]) for r in fired] == [("1", pg)]
+            launcher = psutil.Process(proc.pid)
+            for r in (0, 1):
+                _child_with_rank(launcher, r).send_signal(signal.SIGUSR1)
+            dumps = [tmp_path / JOB / "flightrec" / f"rank-{r}.json" for r in (0, 1)]
+            deadline = time.monotonic() + 60
+            while not all(d.exists() for d in dumps) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            _kill(proc)
+    fr, problems = flight_record(str(tmp_path / JOB))
+    assert not problems and [(g.pg, g.missing) for g in fr.hangs] == [(pg, [1])]
+
+
+def _wait_hung(url: str, proc, limit_s: float = 240.0) -> list[dict]:
+    """The behind series once steps stopped for 10 s with rank 1 behind (the stall)."""
+    deadline = time.monotonic() + limit_s
+    expr = f'job_pg_rank:diag_collective_seq_behind{{job="{JOB}"}} > 0'
+    while time.monotonic() < deadline and proc.poll() is None:
+        steps = query(url, f'max(diag_steps_total{{job="{JOB}"}})')
+        still = query(url, f'changes(diag_steps_total{{job="{JOB}"}}[10s]) == 0')
+        if steps and float(steps[0]["value"][1]) >= STALL_STEP and len(still) == 2:
+            return query(url, expr)
+        time.sleep(1.0)
+    pytest.fail(f"the job never hung (trainer exit {proc.poll()})")

@@ -1,0 +1,109 @@
+"""The trainer's Flight Recorder dumps name a hung rank and a slowed rank (real gloo jobs).
+
+Truth comes from the trainer's own communication log (comm-rank-<r>.jsonl, one line per
+collective with its step, axis and bytes), not from the dumps diag reads.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from diag.analysis.flightrec import flight_record
+from trainer.test_faults import ROOT, _child_with_rank
+
+
+def _trainer(out, *flags):
+    cmd = [sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--no-profile", "--no-metrics",
+           "--out", str(out), *flags]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(cond, p, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert p.poll() is None and time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _comm(out, rank):
+    return [json.loads(line) for line in open(out / f"comm-rank-{rank}.jsonl")]
+
+
+def test_stalled_rank_is_named_from_signal_dumps(tmp_path):
+    out, stall_step = tmp_path / "run", 3
+    p = _trainer(out, "--train-iters", "8", "--fault-stall", f"1:{stall_step}:300")
+    kids = {}
+    try:
+        _wait_for(lambda: (out / "steps.jsonl").exists() and
+                  sum(1 for _ in open(out / "steps.jsonl")) >= stall_step, p, "the run never reached the stall")
+        time.sleep(2.0)                                   # rank 0 now waits in step 3's first DP collective
+        launcher = psutil.Process(p.pid)
+        kids = {r: _child_with_rank(launcher, r) for r in (0, 1)}
+        for k in kids.values():
+            k.send_signal(signal.SIGUSR1)                 # on-demand dump, rank 0 blocked in C++
+        dumps = [out / "flightrec" / f"rank-{r}.json" for r in (0, 1)]
+        _wait_for(lambda: all(d.exists() for d in dumps), p, "SIGUSR1 left no dump")
+        shutil.copytree(out / "flightrec", tmp_path / "usr1")
+        kids[0].send_signal(signal.SIGTERM)               # a rank fails: the launcher stops the other
+        code = p.wait(timeout=60)
+    finally:
+        for k in kids.values():                           # only what this test started
+            if k.is_running():
+                k.kill()
+        if p.poll() is None:
+            p.kill()
+    assert code != 0
+    # Truth: DP collectives of steps 0..2 in rank 0's comm log; the next one is step 3's first.
+    log = [c for c in _comm(out, 0) if c["axis"] == "dp"]
+    done = [c for c in log if c["step"] < stall_step]
+    first_of_step = next(c for c in _comm(out, 1) if c["axis"] == "dp")   # the same every step
+    for folder in (tmp_path / "usr1", out / "flightrec"):                   # SIGUSR1's dumps, then SIGTERM's
+        fr, problems = flight_record(str(folder))
+        assert not problems
+        dp = [g for g in fr.groups if g.axis == "dp"]
+        assert len(dp) == 1 and fr.hangs == dp, [g.verdict for g in fr.groups]
+        g = dp[0]
+        assert g.missing == [1] and [w.rank for w in g.waiting] == [0]
+        assert g.next_seq == len(done) + 1 and g.last_common_seq == len(done)
+        assert g.next_op == first_of_step["op"] and g.next_bytes == first_of_step["bytes"]
+        assert f"rank 1 never entered all_reduce #{len(done) + 1}" in g.verdict
+    text = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    assert f"hang: dp group [0, 1]: rank 1 never entered all_reduce #{len(done) + 1}" in text.stdout, text
+
+
+def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
+    out, from_step, steps = tmp_path / "run", 10, 20
+    p = _trainer(out, "--train-iters", str(steps), "--fault-slow", f"1:{from_step}:0.25")
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    fr, problems = flight_record(str(out))
+    assert not problems and not fr.hangs
+    assert [x.rank for x in fr.late] == [1], (fr.late, fr.late_basis)
+    late = fr.late[0]
+    # Truth: when rank 0 entered its first DP collective of the first slowed step (comm log, host clock).
+    slowed_at = min(c["start"] for c in _comm(out, 0) if c["step"] == from_step) * 1e9
+    width = fr.late_window_s * 1e9                        # the onset is the start of a window
+    assert slowed_at - width <= late.since_ns <= slowed_at + width, (late, slowed_at, width)
+    assert late.until_ns is None or late.until_ns >= fr.last_ns - 2 * width   # slow to the end, within a window
+    assert late.waited_after_ms_per_s > 2 * max(late.waited_before_ms_per_s, 1.0)   # before: may hold part of the onset window
+
+
+def test_end_dumps_beside_traces_make_one_report(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--train-iters", "4",
+                          "--profile-wait", "0", "--no-trace-summary", "--out", str(out)], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    r = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(out), "--format", "json"], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    d = json.loads(r.stdout)
+    assert [x["rank"] for x in d["ranks"]] == [0, 1] and not d["problems"]
+    fr = d["flight_recorder"]
+    (dp,) = [g for g in fr["groups"] if g["axis"] == "dp"]
+    # Truth: every DP collective of the run, from the trainer's comm log
+    assert dp["last_common_seq"] == len([c for c in _comm(out, 0) if c["axis"] == "dp"]) and not dp["missing"]
