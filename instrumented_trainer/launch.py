@@ -86,15 +86,13 @@ class Watchdog:
     def stalled(self) -> str | None:
         if not self.timeout_s:
             return None
-        now, wall, stale = time.monotonic(), time.time(), []
+        now, wall, stale, stopped = time.monotonic(), time.time(), [], []
         for rank, p in enumerate(self.procs):
             if p.poll() is not None:
                 continue
             if _stopped(p.pid):
                 since = self.stopped_since.setdefault(rank, now)
-                if now - since > self.timeout_s:
-                    return (f"rank {rank} (pid {p.pid}) has been stopped for {now - since:.0f} s "
-                            f"(past --dist-timeout {self.timeout_s:g} s)")
+                stopped.append((now - since, f"rank {rank} (pid {p.pid}) has been stopped for {now - since:.0f} s"))
                 continue
             self.stopped_since.pop(rank, None)
             said = read_beat(beat_path(self.beats, rank))
@@ -102,9 +100,12 @@ class Watchdog:
                 idle = wall - os.path.getmtime(beat_path(self.beats, rank))
                 if idle > self.timeout_s:
                     stale.append(f"rank {rank} (pid {p.pid}, at step {said}, {idle:.0f} s)")
-        if stale:
-            return (f"no training progress past --dist-timeout {self.timeout_s:g} s on "
-                    + ", ".join(stale))
+        past = f"past --dist-timeout {self.timeout_s:g} s"
+        cause = "; ".join(why for _, why in sorted(stopped, reverse=True))
+        if stopped and (stale or max(t for t, _ in stopped) > self.timeout_s):
+            return cause + f" ({past})" + ("; no training progress on " + ", ".join(stale) if stale else "")
+        if stale:                    # alive but stuck (no rank stopped)
+            return f"no training progress {past} on " + ", ".join(stale)
         return None
 
 
@@ -132,8 +133,10 @@ def _watch(procs: list[subprocess.Popen], watchdog: Watchdog, what: str) -> int:
     while True:
         codes = [p.poll() for p in procs]
         failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            print(f"error: a {what} process exited with code {failed[0]}; stopping the "
+        if failed:                  # a peer's own timeout may fire first: still name a stopped rank
+            stopped = "".join(f"; rank {r} (pid {p.pid}) has been stopped" for r, p in enumerate(procs)
+                              if p.poll() is None and _stopped(p.pid))
+            print(f"error: a {what} process exited with code {failed[0]}{stopped}; stopping the "
                   f"others", file=sys.stderr)
             _terminate(procs)
             return failed[0] if failed[0] > 0 else 1

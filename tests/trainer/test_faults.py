@@ -113,7 +113,8 @@ def _start(tmp_path, *extra):
 
 def test_a_stopped_rank_ends_the_job_within_its_timeout(tmp_path):
     """SIGSTOP on one rank: gloo does not always time out on a stopped peer, so the launcher's
-    watchdog must: the job ends within --dist-timeout + a margin, naming the stopped rank."""
+    watchdog must: the job ends within --dist-timeout + a margin, naming the stopped rank (also
+    when the peer's own gloo timeout fires first)."""
     timeout = 10
     p = _start(tmp_path, "--dist-timeout", str(timeout))
     try:
