@@ -11,8 +11,8 @@ import os
 import shlex
 import sys
 
-from instrumented_trainer.config import (JobConfig, ModelConfig, ParallelConfig, RuntimeConfig,
-                                         TelemetryConfig, TrainConfig)
+from instrumented_trainer.config import (RECOMPUTE, SCHEDULES, SHARDING, JobConfig, ModelConfig, ParallelConfig,
+                                         RuntimeConfig, TelemetryConfig, TrainConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +23,30 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="split LayerNorms and the residual stream over the sequence across TP "
+                        "ranks (all-gather / reduce-scatter instead of all-reduce)")
+    g.add_argument("--pipeline-schedule", choices=list(SCHEDULES), default="1f1b",
+                   help="torch.distributed.pipelining schedule; interleaved-1f1b and zb1p run "
+                        "v stages a rank, zbv and dualpipev two (V-shaped)")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=0,
+                   help="layers per virtual stage (interleaved schedules; default 2 stages a rank)")
+    g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=0,
+                   help="layers of the first pipeline stage (default: an even share)")
+    g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=0,
+                   help="layers of the last pipeline stage (default: an even share)")
     g.add_argument("--ddp-bucket-size", type=int, default=1_000_000,
                    help="elements per DP gradient all-reduce bucket")
+    g.add_argument("--data-parallel-sharding-strategy", choices=list(SHARDING),
+                   default="no_shard",
+                   help="FSDP2 over the data-parallel ranks: optim_grads (ZeRO-2), "
+                        "optim_grads_params (ZeRO-3)")
+    g.add_argument("--num-distributed-optimizer-instances", type=int, default=1,
+                   help="with sharding: replicas of the sharded model (HSDP); the data-parallel "
+                        "ranks are split into this many groups that each shard it")
+    g.add_argument("--recompute-granularity", choices=list(RECOMPUTE), default="none",
+                   help="activation recomputation: full (each layer) or selective (core "
+                        "attention)")
     g.add_argument("--overlap-grad-reduce", action="store_true",
                    help="launch each bucket's all-reduce during backward")
     g = p.add_argument_group("model")
@@ -85,9 +106,21 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
         parallel=ParallelConfig(world_size=world_size,
                                 tensor_model_parallel_size=args.tensor_model_parallel_size,
                                 pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                                sequence_parallel=args.sequence_parallel,
                                 pipeline_schedule=args.pipeline_schedule,
+                                num_layers_per_virtual_pipeline_stage=(
+                                    args.num_layers_per_virtual_pipeline_stage),
+                                decoder_first_pipeline_num_layers=(
+                                    args.decoder_first_pipeline_num_layers),
+                                decoder_last_pipeline_num_layers=(
+                                    args.decoder_last_pipeline_num_layers),
                                 ddp_bucket_size=args.ddp_bucket_size,
-                                overlap_grad_reduce=args.overlap_grad_reduce),
+                                overlap_grad_reduce=args.overlap_grad_reduce,
+                                data_parallel_sharding_strategy=(
+                                    args.data_parallel_sharding_strategy),
+                                num_distributed_optimizer_instances=(
+                                    args.num_distributed_optimizer_instances),
+                                recompute_granularity=args.recompute_granularity),
         train=TrainConfig(micro_batch_size=args.micro_batch_size,
                           global_batch_size=args.global_batch_size, train_iters=args.train_iters,
                           lr=args.lr, weight_decay=args.weight_decay, seed=args.seed),

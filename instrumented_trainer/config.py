@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from instrumented_trainer.faults import Fault
 
-from diag.layout import RankGrid
+from diag.layout import Layout, RankGrid
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,22 @@ class ModelConfig:
         return v * h + s * h + self.num_layers * per_layer + 2 * h + v * h
 
 
+# Pipeline schedules of torch.distributed.pipelining, by their Megatron-LM / torchtitan names.
+# "loop" places stage s on pipeline rank s % p (Megatron's interleaving); "v" places stages r and
+# 2p-1-r on rank r (the V shape ZBV and DualPipeV need: first and last stage on one rank).
+SCHEDULES: dict[str, str] = {"gpipe": "loop", "1f1b": "loop", "interleaved-1f1b": "loop",
+                             "zb1p": "loop", "zbv": "v", "dualpipev": "v"}
+MULTI_STAGE = ("interleaved-1f1b", "zb1p", "zbv", "dualpipev")  # schedules of v >= 1 stages a rank
+# Megatron-LM's --data-parallel-sharding-strategy: what FSDP2 shards over the data-parallel ranks.
+# optim_grads is ZeRO-2 (fully_shard keeping parameters unsharded from forward to backward),
+# optim_grads_params ZeRO-3 (resharded after forward). ZeRO-1 (`optim`, Megatron's distributed
+# optimizer) has no FSDP2 equivalent and is not offered.
+SHARDING = ("no_shard", "optim_grads", "optim_grads_params")
+# Megatron-LM's --recompute-granularity: `full` recomputes each transformer layer in backward,
+# `selective` only the core attention (QK^T, softmax, xV), whose activations are the largest.
+RECOMPUTE = ("none", "full", "selective")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """How the job is split: TP x PP x DP, and how the pipeline and the DP sync run."""
@@ -53,22 +69,110 @@ class ParallelConfig:
     world_size: int
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False  # norms sharded on the sequence: all-gather/reduce-scatter
     pipeline_schedule: str = "1f1b"
+    num_layers_per_virtual_pipeline_stage: int = 0  # 0: one stage a rank (two for zbv/dualpipev)
+    decoder_first_pipeline_num_layers: int = 0  # 0: an even share
+    decoder_last_pipeline_num_layers: int = 0
     ddp_bucket_size: int = 1_000_000  # elements per gradient all-reduce bucket
     overlap_grad_reduce: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    num_distributed_optimizer_instances: int = 1  # > 1 with sharding: HSDP's replicas
+    recompute_granularity: str = "none"
 
     def __post_init__(self) -> None:
-        if self.pipeline_schedule not in ("1f1b", "gpipe"):
-            raise ValueError(f"--pipeline-schedule must be 1f1b or gpipe, got "
+        if self.recompute_granularity not in RECOMPUTE:
+            raise ValueError(f"--recompute-granularity must be one of {', '.join(RECOMPUTE)}, "
+                             f"got {self.recompute_granularity!r}")
+        if self.data_parallel_sharding_strategy not in SHARDING:
+            raise ValueError("--data-parallel-sharding-strategy must be one of "
+                             f"{', '.join(SHARDING)}, got {self.data_parallel_sharding_strategy!r}")
+        if self.num_distributed_optimizer_instances < 1:
+            raise ValueError("--num-distributed-optimizer-instances must be positive")
+        if self.pipeline_schedule not in SCHEDULES:
+            raise ValueError(f"--pipeline-schedule must be one of {', '.join(SCHEDULES)}, got "
                              f"{self.pipeline_schedule!r}")
         if self.ddp_bucket_size < 1:
             raise ValueError("--ddp-bucket-size must be positive")
+        if min(self.num_layers_per_virtual_pipeline_stage, self.decoder_first_pipeline_num_layers,
+               self.decoder_last_pipeline_num_layers) < 0:
+            raise ValueError("--num-layers-per-virtual-pipeline-stage and "
+                             "--decoder-first/last-pipeline-num-layers must be >= 0")
+        if self.num_layers_per_virtual_pipeline_stage and \
+                self.pipeline_schedule not in MULTI_STAGE:
+            raise ValueError("--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule "
+                             f"{' or '.join(MULTI_STAGE)}")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            raise ValueError("--sequence-parallel needs --tensor-model-parallel-size > 1")
         self.grid  # validates divisibility of the world size
 
     @property
-    def grid(self) -> RankGrid:
-        return RankGrid.from_world(self.world_size, self.tensor_model_parallel_size,
-                                   self.pipeline_model_parallel_size)
+    def sharded(self) -> bool:
+        return self.data_parallel_sharding_strategy != "no_shard"
+
+    @property
+    def grid(self) -> Layout:
+        """The layout: replicated DP is `dp`; with sharding, FSDP's shard dimension is
+        `dp_shard` and `dp` holds HSDP's replicas (--num-distributed-optimizer-instances)."""
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        flat = RankGrid.from_world(self.world_size, tp, pp).dp
+        if not self.sharded:
+            return RankGrid.from_world(self.world_size, tp, pp)
+        replicas = self.num_distributed_optimizer_instances
+        if flat % replicas:
+            raise ValueError(f"data-parallel size {flat} is not divisible by "
+                             f"--num-distributed-optimizer-instances {replicas}")
+        return Layout.from_world(self.world_size, tp=tp, pp=pp, dp_shard=flat // replicas)
+
+    @property
+    def dp_size(self) -> int:
+        """All data-parallel ranks, replicated and sharded: the batch is split over them."""
+        return self.grid.dp * self.grid.dp_shard
+
+    @property
+    def stage_placement(self) -> str:
+        return SCHEDULES[self.pipeline_schedule]
+
+    def virtual_stages(self, num_layers: int) -> int:
+        """Stages a pipeline rank holds (Megatron's v)."""
+        if self.pipeline_schedule not in MULTI_STAGE:
+            return 1
+        per = self.num_layers_per_virtual_pipeline_stage
+        if not per:
+            return 2
+        stages, rest = divmod(num_layers, per * self.grid.pp)
+        if rest or not stages:
+            raise ValueError(f"--num-layers {num_layers} is not divisible by "
+                             f"--num-layers-per-virtual-pipeline-stage {per} x "
+                             f"--pipeline-model-parallel-size {self.grid.pp}")
+        return stages
+
+    def stage_layers(self, num_layers: int) -> list[range]:
+        """The layers of each of the p x v pipeline stages, in stage order (Megatron-LM's split:
+        the first and last stages may be given their own counts, the others share the rest)."""
+        n = self.grid.pp * self.virtual_stages(num_layers)
+        first, last = self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers
+        counts = [0] * n
+        if first:
+            counts[0] = first
+        if last and n > 1:
+            counts[-1] = last
+        fixed = sum(1 for c in counts if c)
+        rest = num_layers - sum(counts)
+        even = n - fixed
+        if rest < even or (even and rest % even) or (not even and rest):
+            raise ValueError(f"--num-layers {num_layers} does not split into {n} pipeline "
+                             f"stages{' with the given first/last stage layers' if fixed else ''}")
+        counts = [c or rest // max(even, 1) for c in counts]
+        bounds = [sum(counts[:i]) for i in range(n + 1)]
+        return [range(bounds[i], bounds[i + 1]) for i in range(n)]
+
+    def rank_stages(self, pp_rank: int, num_layers: int) -> list[int]:
+        """The stage indices pipeline rank `pp_rank` holds, in its execution order."""
+        p, v = self.grid.pp, self.virtual_stages(num_layers)
+        if self.stage_placement == "v":
+            return [pp_rank, 2 * p - 1 - pp_rank]
+        return [pp_rank + k * p for k in range(v)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,11 +275,26 @@ class JobConfig:
             if value % grid.tp:
                 raise ValueError(f"--{name} {value} is not divisible by "
                                  f"--tensor-model-parallel-size {grid.tp}")
-        if m.num_layers % grid.pp:
-            raise ValueError(f"--num-layers {m.num_layers} is not divisible by "
+        self.parallel.stage_layers(m.num_layers)  # every stage gets at least one layer
+        if self.parallel.sequence_parallel and m.seq_length % grid.tp:
+            raise ValueError(f"--seq-length {m.seq_length} is not divisible by "
+                             f"--tensor-model-parallel-size {grid.tp} (--sequence-parallel)")
+        m_micro = self.train.num_micro_batches(self.parallel.dp_size)
+        if self.parallel.pipeline_schedule in MULTI_STAGE and m_micro % grid.pp:
+            raise ValueError(f"--pipeline-schedule {self.parallel.pipeline_schedule} needs the "
+                             f"micro-batches per step ({m_micro}) to be a multiple of "
                              f"--pipeline-model-parallel-size {grid.pp}")
-        self.train.num_micro_batches(grid.dp)
 
     @property
     def num_micro_batches(self) -> int:
-        return self.train.num_micro_batches(self.parallel.grid.dp)
+        return self.train.num_micro_batches(self.parallel.dp_size)
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The schedule that runs: torch's 1F1B refuses fewer micro-batches than stages, where
+        Megatron's 1F1B is all warm-up (every forward, then every backward): GPipe, so GPipe runs,
+        and diag_run.json says so."""
+        sched = self.parallel.pipeline_schedule
+        if sched == "1f1b" and self.num_micro_batches < self.parallel.grid.pp:
+            return "gpipe"
+        return sched

@@ -2,7 +2,8 @@
 
 The global batch of step `s` depends only on (seed, s), never on the layout, so a 1x1x1 run and a
 TPxPPxDP run see exactly the same tokens; DP replica d takes the contiguous rows
-[d * B/dp, (d + 1) * B/dp) and cuts them into micro-batches, as Megatron-LM does. The sequences
+[d * B/dp, (d + 1) * B/dp), which the pipeline schedule cuts into micro-batches, as Megatron-LM
+does. The sequences
 are arithmetic progressions modulo the vocabulary with 10% noise, so there is something to learn
 and the loss goes down.
 """
@@ -10,8 +11,6 @@ and the loss goes down.
 from __future__ import annotations
 
 import torch
-
-from instrumented_trainer.parallel.pipeline import MicroBatch
 
 
 def global_batch(step: int, batch: int, seq_length: int, vocab: int, seed: int) -> torch.Tensor:
@@ -25,10 +24,9 @@ def global_batch(step: int, batch: int, seq_length: int, vocab: int, seed: int) 
     return torch.where(keep, tokens, noise)
 
 
-def replica_micro_batches(tokens: torch.Tensor, dp_rank: int, dp: int, micro_batch_size: int,
-                          device: torch.device) -> list[MicroBatch]:
-    """This DP replica's share of a global batch, as micro-batches of inputs and labels."""
+def replica_batch(tokens: torch.Tensor, dp_rank: int, dp: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This DP replica's share of a global batch: (inputs, next-token labels)."""
     per_replica = tokens.shape[0] // dp
     mine = tokens[dp_rank * per_replica:(dp_rank + 1) * per_replica].to(device)
-    return [MicroBatch(inputs=chunk[:, :-1].contiguous(), labels=chunk[:, 1:].contiguous())
-            for chunk in mine.split(micro_batch_size)]
+    return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()

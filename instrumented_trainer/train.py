@@ -1,6 +1,9 @@
 """The training loop of one rank: set up, then for each step run the pipeline, sync DP
 gradients, step the optimizer and record the step.
 
+Set-up builds the DeviceMesh from the layout, this rank's pipeline stages (each tensor-parallel
+with DTensor), torch's pipeline schedule and the data-parallel gradient sync (parallel/).
+
 Instrumentation wraps the loop as context managers (profiler, metrics sampler) and never changes
 what is computed: the same seed gives the same losses with telemetry on or off.
 """
@@ -15,17 +18,18 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from diag.layout import Axis
 from instrumented_trainer import faults
 from instrumented_trainer.config import JobConfig
+from instrumented_trainer.data import global_batch, replica_batch
 from instrumented_trainer.faults import Fault
-from instrumented_trainer.data import global_batch, replica_micro_batches
-from instrumented_trainer.model import GPTStage
-from instrumented_trainer.parallel.data_parallel import GradSync
-from instrumented_trainer.parallel.pipeline import PipelineStep
-from instrumented_trainer.parallel.topology import ParallelGroups
+from instrumented_trainer.model import GPTStage, apply_recompute
+from instrumented_trainer.parallel.data_parallel import GradSync, apply_fsdp
+from instrumented_trainer.parallel.mesh import JobMesh
+from instrumented_trainer.parallel.pipeline import Pipeline, build_pipeline
+from instrumented_trainer.parallel.tensor_parallel import apply_tensor_parallel
 from instrumented_trainer.telemetry import run_metadata
 from instrumented_trainer.telemetry.comm import CommLog
+from instrumented_trainer.telemetry.commtap import comm_tap
 from instrumented_trainer.telemetry.heartbeat import Heartbeat
 from instrumented_trainer.telemetry.metrics import MetricsSampler
 from instrumented_trainer.telemetry.profiler import ProfilerSession
@@ -69,22 +73,41 @@ def init_distributed(runtime: Runtime, timeout_s: float) -> tuple[int, int]:
     return rank, world
 
 
+def build_pipeline_for(job: JobConfig, mesh: JobMesh, runtime: Runtime) -> Pipeline:
+    """This rank's stages, each built whole from the seeded weights, then sharded over TP."""
+    def make_stage(layers, first, last):
+        stage = GPTStage(job.model, layers, first, last, job.train.seed).to(runtime.device)
+        if mesh.size("tp") > 1:
+            apply_tensor_parallel(stage, mesh["tp"], job.parallel.sequence_parallel)
+        apply_recompute(stage, job.parallel.recompute_granularity)
+        if job.parallel.sharded:
+            apply_fsdp(stage, mesh.dp_mesh, job.parallel.data_parallel_sharding_strategy)
+        return stage
+
+    return build_pipeline(job, make_stage, mesh.group("pp"), mesh.coords.pp_rank,
+                          runtime.device)
+
+
 def train(job: JobConfig) -> list[float]:
     """Run the job on this rank; returns the per-step losses on the logging rank, else []."""
     runtime = Runtime.resolve(job.runtime, int(os.environ.get("LOCAL_RANK", 0)))
     rank, _ = init_distributed(runtime, job.runtime.dist_timeout)
-    tel, grid = job.telemetry, job.parallel.grid
+    tel = job.telemetry
+    mesh = JobMesh.build(job.parallel.grid, runtime.device.type)
     comm = CommLog(rank, os.path.join(tel.out, f"comm-rank-{rank}.jsonl") if tel.comm_log
                    else None, cuda=runtime.cuda, timed=bool(tel.prometheus_port))
-    groups = ParallelGroups(grid, rank, comm)
     torch.manual_seed(job.train.seed)
-    stage = GPTStage(job.model, groups, job.train.seed).to(runtime.device)
-    params = list(stage.parameters())
+    pipe = build_pipeline_for(job, mesh, runtime)
+    params = [p for module in pipe.modules for p in module.parameters()]
     optimizer = torch.optim.AdamW(params, lr=job.train.lr, betas=(0.9, 0.95),
                                   weight_decay=job.train.weight_decay)
-    grad_sync = GradSync(params, groups, job.parallel.ddp_bucket_size,
-                         job.parallel.overlap_grad_reduce)
-    logs_steps = groups.is_last_stage and groups.coords.tp_rank == 0 and groups.coords.dp_rank == 0
+    # replicated DP syncs gradients here; sharded DP (FSDP2, HSDP's replicas too) does it itself
+    grad_sync = GradSync(params, mesh.group("dp"),
+                         1 if job.parallel.sharded else mesh.size("dp"),
+                         job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
+                         job.num_micro_batches, comm)
+    coords = mesh.coords
+    logs_steps = pipe.has_last and coords.tp_rank == 0 and mesh.dp_rank == 0
     steps = StepLog(tel.out, logs_steps, job.train.global_batch_size * job.model.seq_length,
                     job.train.train_iters)
     if rank == 0:
@@ -94,20 +117,23 @@ def train(job: JobConfig) -> list[float]:
     sampler = MetricsSampler(os.path.join(tel.out, f"metrics-rank-{rank}.jsonl"), rank,
                              tel.metrics_interval, prefer_gpu=runtime.cuda,
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
-    live = (start_live_metrics(job, rank, groups.coords, sampler, _peak_flops(tel, runtime))
+    live = (start_live_metrics(job, rank, coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
     heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
+    tapped = tel.comm_log or tel.profile or bool(tel.prometheus_port)
     stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
-    with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler:
+    with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler, \
+            comm_tap(comm, mesh.axis_groups(), enabled=tapped):
         for step in range(job.train.train_iters):
             heartbeat.beat(step)
             comm.step = step
             faults.before_step(step, stall, slow)  # flight recorder tests: off unless --fault-* given
             start = time.perf_counter()
-            loss = train_step(job, step, stage, groups, optimizer, grad_sync, runtime)
+            loss = train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime)
             if runtime.cuda:
                 torch.cuda.synchronize()
-            steps.record(step, loss, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            steps.record(step, loss, seconds, peak_memory(runtime))
             comm.flush()
             if live is not None:
                 with guard("prometheus metrics"):
@@ -122,6 +148,19 @@ def train(job: JobConfig) -> list[float]:
     return steps.losses
 
 
+def peak_memory(runtime: Runtime) -> int | None:
+    """The largest CUDA allocator peak of any rank in the step just ended, then reset (one MAX
+    all-reduce, outside the timed step); None on CPU or if it fails (a warning, not a zero)."""
+    if not runtime.cuda:
+        return None
+    with guard("peak memory"):
+        peak = torch.tensor([torch.cuda.max_memory_allocated()], device=runtime.device)
+        torch.cuda.reset_peak_memory_stats()
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return int(peak.item())
+    return None
+
+
 def _peak_flops(tel, runtime: Runtime) -> float | None:
     """Peak FLOP/s per device for live MFU: --peak-tflops, else the device table, else None."""
     if tel.peak_tflops is not None:
@@ -129,26 +168,23 @@ def _peak_flops(tel, runtime: Runtime) -> float | None:
     return run_metadata.peak_flops(run_metadata.device_name(runtime.cuda), runtime.dtype_name)
 
 
-def train_step(job, step, stage, groups, optimizer, grad_sync, runtime) -> float:
+def train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime) -> float:
     """One optimizer step over the global batch; returns the DP-mean loss (last stage)."""
     m, t = job.model, job.train
     tokens = global_batch(step, t.global_batch_size, m.seq_length, m.vocab_size, t.seed)
-    micro = replica_micro_batches(tokens, groups.coords.dp_rank, groups.size(Axis.DP),
-                                  t.micro_batch_size, runtime.device)
+    dp = mesh.dp_size
+    inputs, labels = replica_batch(tokens, mesh.dp_rank, dp, runtime.device)
     optimizer.zero_grad(set_to_none=True)
     grad_sync.start_step()
-    pipe = PipelineStep(stage=stage, groups=groups, micro_batches=micro,
-                        act_shape=(t.micro_batch_size, m.seq_length, m.hidden_size),
-                        act_dtype=runtime.dtype, device=runtime.device,
-                        loss_scale=1.0 / (len(micro) * groups.size(Axis.DP)),
-                        before_last_backward=grad_sync.mark_last_backward)
     with torch.autocast(runtime.device.type, dtype=torch.bfloat16,
                         enabled=runtime.dtype == torch.bfloat16):
-        losses = pipe.run_1f1b() if job.parallel.pipeline_schedule == "1f1b" else pipe.run_gpipe()
+        losses = pipe.step(inputs, labels)
     grad_sync.finish()
     optimizer.step()
-    if not groups.is_last_stage:
+    if not pipe.has_last:
         return float("nan")
     loss = torch.stack(losses).mean().float()
-    groups.all_reduce(loss, Axis.DP)  # each replica's mean over the same number of tokens
-    return loss.item() / groups.size(Axis.DP)
+    for axis in ("dp_shard", "dp"):  # each replica's mean over the same number of tokens
+        if mesh.size(axis) > 1:
+            comm.wait(dist.all_reduce(loss, group=mesh.group(axis), async_op=True))
+    return loss.item() / dp

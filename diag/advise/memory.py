@@ -189,9 +189,11 @@ class MemoryModel:
 
 def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
     """lay, then lay with more and more memory levers, cheapest first: sequence parallelism (no
-    extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-1 and 2 (the
-    same gradient volume, reduce-scattered), selective recompute (attention only), ZeRO-3 (the
-    weights all-gathered again in forward and backward), full recompute (one more forward)."""
+    extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-2 (the same
+    gradient volume, reduce-scattered; ZeRO-1 is skipped: the instrumented trainer shards with
+    FSDP2, whose least sharding is optimizer and gradients), selective recompute (attention only),
+    ZeRO-3 (the weights all-gathered again in forward and backward), full recompute (one more
+    forward)."""
     out = [lay]
     def add(**kw):
         cur = out[-1]
@@ -200,8 +202,7 @@ def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
             out.append(nxt)
     if lay.tp > 1:
         add(sequence_parallel=True)
-    for zero in (1, 2):
-        add(zero=max(zero, out[-1].zero))
+    add(zero=max(2, out[-1].zero))
     if out[-1].recompute == "none":
         add(recompute="selective")
     add(zero=3)

@@ -31,8 +31,9 @@ HALF = re.compile(r"bf16|f16|fp16|h\d+gemm|hgemm|tf32", re.I)
 
 
 DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plateau busbw
-# The instrumented trainer runs the interleaved schedule (--num-layers-per-virtual-pipeline-stage).
-INTERLEAVED_RUNNABLE = False
+# The instrumented trainer runs the interleaved schedule (--pipeline-schedule interleaved-1f1b
+# --num-layers-per-virtual-pipeline-stage, torch.distributed.pipelining's ScheduleInterleaved1F1B).
+INTERLEAVED_RUNNABLE = True
 GRAD_BYTES = 4               # the trainer keeps fp32 gradients (calibrate.py assumes the same)
 
 
@@ -74,7 +75,8 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
     if c.schedule != "1f1b" or per_stage < 2 or c.num_micro_batches % c.pp:
         return []
     cands = [(replace(c, schedule="interleaved", virtual_stages=v), None,
-              {"--num-layers-per-virtual-pipeline-stage": str(per_stage // v)})
+              {"--pipeline-schedule": "interleaved-1f1b",
+               "--num-layers-per-virtual-pipeline-stage": str(per_stage // v)})
              for v in _divisors(per_stage)[1:]]
     return ctx.best("interleave", cands, e, lambda k: f"interleaved 1F1B with {k.virtual_stages} virtual stages "
                     f"per rank ({per_stage // k.virtual_stages} layer{'s' * (per_stage // k.virtual_stages > 1)} each)", prefer=lambda k: k.virtual_stages,
@@ -225,7 +227,8 @@ def rebalance(ctx: Context) -> list[Recommendation]:
                     after, why="every stage waits for the slowest one in steady state; moving layers off it "
                                "shortens the critical path",
                     assumptions=[f"per-layer time {layer_s * 1e3:.3g} ms from the fastest stage; the rest of each "
-                                 "stage's compute (embedding, loss) stays where it is"], runnable=False)
+                                 "stage's compute (embedding, loss) stays where it is"],
+                    runnable=len(set(best[1:-1])) <= 1)   # the trainer splits the middle stages evenly
 
 
 def bf16(ctx: Context) -> list[Recommendation]:

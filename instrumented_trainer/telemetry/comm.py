@@ -1,20 +1,22 @@
-"""The one door every collective and point-to-point transfer goes through.
+"""The communication log: every collective and point-to-point transfer, its axis, size and time.
 
 The analyser needs to know, for each communication in a trace, which parallel axis it served and
-how many bytes it moved; gloo and NCCL traces do not say which of our process groups is TP, PP or
-DP. So each call is wrapped in a profiler range named
+how many bytes it moved. With DTensor, pipelining and FSDP2 the collectives are issued inside
+torch, so `CommTap` (telemetry/commtap.py) observes them as they are dispatched and hands each one
+here; it is wrapped in a profiler range named
 
     diag:comm:<axis>:<op>:<bytes>      e.g. diag:comm:tp:all_reduce:65536
 
 and timed into `<out>/comm-rank-<r>.jsonl` (op, axis, group ranks, bytes, wall-clock start,
 duration). On GPU the timing uses CUDA events that are read only at `flush()` (step end), so the
-hot path never synchronises; on CPU it uses time.perf_counter. Async operations are timed from
-launch to the end of `wait()`.
+hot path never synchronises; on CPU it uses time.perf_counter. Asynchronous operations (all of
+DTensor's, pipelining's and ours) are timed from launch to the end of their wait.
 
 Each operation's *exposed* time is also kept (for the live Prometheus metrics): the time the
-training thread (CPU) or the compute stream (GPU) stood still for it -- the whole call for a
-blocking collective, only the `wait()` for an async one. `last_step` holds the resolved
-operations of the step just flushed.
+training thread (CPU) or the compute stream (GPU) stood still for it, i.e. its wait. An operation
+whose wait happened where the tap cannot see it (FSDP2 waits on its own) has no duration: it is
+logged with `duration` and `exposed` null, never as a measured zero. `last_step` holds the
+resolved operations of the step just flushed.
 """
 
 from __future__ import annotations
@@ -23,11 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from .safe import JsonlWriter, guard
-
-_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 @dataclass
@@ -40,22 +39,15 @@ class _Pending:
     start_event: object = None
     wait_event: object = None  # async: recorded when wait() began (GPU)
     end_event: object = None
-    exposed: float = 0.0
+    exposed: float | None = 0.0
     done: bool = False
+    unwaited: bool = False  # its wait was not seen: duration unknown
 
 
-@dataclass
-class Handle:
-    """An in-flight async operation; `wait()` finishes it and closes its timing."""
-
-    work: object
-    pending: _Pending | None
-    log: "CommLog"
-
-    def wait(self) -> None:
-        self.log._begin_wait(self.pending)
-        self.work.wait()
-        self.log._close(self.pending)
+def _identity(key) -> int:
+    """A tensor is named by its storage (the wait may be given another tensor aliasing the
+    collective's output: autograd's wrapper of it), anything else by the object."""
+    return key.untyped_storage().data_ptr() if isinstance(key, torch.Tensor) else id(key)
 
 
 @dataclass
@@ -68,51 +60,40 @@ class CommLog:
     step: int = 0
     timed: bool = False  # time operations even without a file (the live exporter reads them)
     _pending: list[_Pending] = field(default_factory=list)
+    _inflight: dict = field(default_factory=dict)  # id(key) -> (key, _Pending), until waited
     last_step: list[dict] = field(default_factory=list)  # resolved records of the last flush
 
     def __post_init__(self) -> None:
         self._writer = JsonlWriter(self.path, "comm log") if self.path else None
 
-    # -- the collectives -------------------------------------------------------------------
-    def all_reduce(self, tensor, axis, group, ranks, op="sum", async_op=False):
-        return self._run("all_reduce", tensor, axis, ranks, async_op,
-                         lambda: dist.all_reduce(tensor, op=_REDUCE_OPS[op], group=group,
-                                                 async_op=async_op))
-
-    def all_gather(self, outputs, tensor, axis, group, ranks, async_op=False):
-        return self._run("all_gather", tensor, axis, ranks, async_op,
-                         lambda: dist.all_gather(outputs, tensor, group=group, async_op=async_op))
-
-    def broadcast(self, tensor, src, axis, group, ranks, async_op=False):
-        return self._run("broadcast", tensor, axis, ranks, async_op,
-                         lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op))
-
-    def isend(self, tensor, dst, axis, group, ranks):
-        return self._run("send", tensor, axis, ranks, True,
-                         lambda: dist.isend(tensor, dst=dst, group=group), peer=dst)
-
-    def irecv(self, tensor, src, axis, group, ranks):
-        return self._run("recv", tensor, axis, ranks, True,
-                         lambda: dist.irecv(tensor, src=src, group=group), peer=src)
-
-    # -- timing ----------------------------------------------------------------------------
-    def _run(self, op, tensor, axis, ranks, async_op, launch, peer=None):
-        nbytes = tensor.numel() * tensor.element_size()
-        pending = self._open(op, axis, ranks, nbytes, peer)
+    # -- what the tap reports ---------------------------------------------------------------
+    def launched(self, op, axis, ranks, nbytes, launch, key_of):
+        """Run `launch()` (the dispatch of one async operation) under its label; `key_of(out)`
+        names what its wait will be given (kept alive until then)."""
+        pending = self._open(op, axis, ranks, nbytes)
         with torch.profiler.record_function(f"diag:comm:{axis}:{op}:{nbytes}"):
-            work = launch()
-        if async_op:
-            return Handle(work, pending, self)
-        self._close(pending)
-        return None
+            out = launch()
+        if pending is not None:
+            key = key_of(out)
+            self._inflight[_identity(key)] = (key, pending)
+        return out
 
-    def _open(self, op, axis, ranks, nbytes, peer):
+    def wait(self, key, wait=None):
+        """Wait for the operation `key` (a Work, or a functional collective's output tensor) with
+        `wait()` (default: key.wait()), close its timing if it was launched through `launched`,
+        and return what `wait()` returned."""
+        entry = self._inflight.pop(_identity(key), None)
+        pending = entry[1] if entry is not None else None
+        self._begin_wait(pending)
+        result = (wait or key.wait)()
+        self._close(pending)
+        return result
+
+    def _open(self, op, axis, ranks, nbytes):
         if self._writer is None and not self.timed:
             return None
         record = {"step": self.step, "op": op, "axis": str(axis), "group_ranks": list(ranks),
                   "bytes": nbytes, "start": time.time()}
-        if peer is not None:
-            record["peer"] = peer
         pending = _Pending(record)
         with guard("comm timing"):
             if self.cuda:
@@ -156,8 +137,9 @@ class CommLog:
         """Resolve this step's timings and write them; called at step end, off the hot path."""
         resolved = []
         with guard("comm timing"):
+            self._drop_unwaited()
             for p in self._pending:
-                if self.cuda:
+                if self.cuda and not p.unwaited:
                     self._resolve_cuda(p)
                 if self._writer is not None:
                     self._writer.append(p.record)
@@ -168,7 +150,20 @@ class CommLog:
         if self._writer is not None:
             self._writer.flush()
 
+    def _drop_unwaited(self, final: bool = False) -> None:
+        """Operations launched before the previous flush and never waited through the tap (FSDP2
+        waits on its own): logged with unknown duration rather than kept forever."""
+        for key_id, (key, p) in list(self._inflight.items()):
+            if final or p.record["step"] < self.step:
+                p.record["duration"] = None
+                p.exposed = None
+                p.unwaited = True
+                self._pending.append(p)
+                del self._inflight[key_id]
+
     def close(self) -> None:
+        with guard("comm timing"):
+            self._drop_unwaited(final=True)
         self.flush()
         if self._writer is not None:
             self._writer.close()

@@ -108,6 +108,8 @@ def _accumulate(previous: dict, comm_records: list[dict]) -> tuple[dict, dict, f
     step_bus: dict = {}
     pp_exposed = 0.0
     for r in comm_records:
+        if r["duration"] is None:
+            continue  # its wait was not seen (FSDP2's own): no time to add, not a zero
         t = totals.setdefault((r["axis"], r["op"]), CommTotals())
         bus = r["bytes"] * _bus_factor(r["op"], len(r["group_ranks"]))
         t.seconds += r["duration"]

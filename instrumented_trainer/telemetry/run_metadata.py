@@ -19,6 +19,7 @@ from diag import runmeta
 from diag.hardware import peak_flops
 from diag.layout import RANK_ORDER
 from diag.runmeta import Profile, RunFacts
+from instrumented_trainer.parallel.mesh import MESH_AXES
 
 from .safe import guard
 
@@ -40,8 +41,10 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> RunFacts:
     m, grid, t, tel = job.model, job.parallel.grid, job.train, job.telemetry
     name = device_name(cuda)
     return RunFacts(
-        tp=grid.tp, pp=grid.pp, dp=grid.dp, world_size=grid.world_size,
-        layout=[(a, n) for a, n in grid.dims], rank_order=RANK_ORDER,
+        tp=grid.tp, pp=grid.pp, dp=job.parallel.dp_size, dp_shard=grid.dp_shard,
+        world_size=grid.world_size,
+        layout=[(a, grid.size(a)) for a in MESH_AXES],  # the DeviceMesh's dims, outermost first
+        rank_order=RANK_ORDER,
         micro_batch_size=t.micro_batch_size, num_micro_batches=job.num_micro_batches,
         global_batch_size=t.global_batch_size,
         seq_length=m.seq_length, num_layers=m.num_layers, hidden_size=m.hidden_size,
@@ -49,7 +52,12 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> RunFacts:
         ffn_hidden_size=m.ffn_hidden_size, parameter_count=m.parameter_count(),
         dtype=dtype, device="cuda" if cuda else "cpu", device_name=name,
         peak_flops=peak_flops(name, dtype) if cuda else None,
-        pipeline_schedule=job.parallel.pipeline_schedule,
+        pipeline_schedule=job.pipeline_schedule,
+        virtual_pipeline_stages=job.parallel.virtual_stages(m.num_layers),
+        sequence_parallel=job.parallel.sequence_parallel,
+        use_distributed_optimizer=False,  # ZeRO-1 is not in the trainer; FSDP2's stages are below
+        data_parallel_sharding_strategy=job.parallel.data_parallel_sharding_strategy,
+        recompute_granularity=job.parallel.recompute_granularity,
         overlap_grad_reduce=job.parallel.overlap_grad_reduce,
         ddp_bucket_size=job.parallel.ddp_bucket_size,
         train_iters=t.train_iters, lr=t.lr, seed=t.seed,

@@ -1,7 +1,9 @@
 """Per-step record of the run: `<out>/steps.jsonl` and a one-line summary on stdout.
 
 Written by one rank only (the last pipeline stage's TP-rank-0, DP-rank-0 rank, which holds the
-DP-averaged loss), one JSON object per step: step, loss, step_seconds, tokens_per_second.
+DP-averaged loss), one JSON object per step: step, loss, step_seconds, tokens_per_second, and
+peak_memory_bytes: the largest of all ranks' CUDA allocator peaks in that step on GPU; null on CPU,
+where torch keeps no allocator counters (not a measured 0).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ class StepLog:
         self.last: dict = {}  # every rank keeps its latest step for the Prometheus exporter
         self.count = 0
 
-    def record(self, step: int, loss: float, seconds: float) -> None:
+    def record(self, step: int, loss: float, seconds: float,
+               peak_memory_bytes: int | None = None) -> None:
         tps = self.tokens_per_step / seconds if seconds > 0 else 0.0
         self.last = {"step": step, "loss": loss, "step_seconds": seconds,
-                     "tokens_per_second": tps}
+                     "tokens_per_second": tps, "peak_memory_bytes": peak_memory_bytes}
         self.count += 1
         if not self.enabled:
             return

@@ -35,7 +35,7 @@ class Run:
         return [json.loads(line)["loss"] for line in lines]
 
 
-def run_trainer(out: Path, nproc: int, *args: str, timeout: float = 150.0) -> Run:
+def run_trainer(out: Path, nproc: int, *args: str, timeout: float = 300.0) -> Run:
     cmd = [sys.executable, "-m", "instrumented_trainer", "--nproc", str(nproc),
            "--out", str(out), *TINY, *args]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
