@@ -53,12 +53,17 @@ audit: setup
 
 # diag vs HTA vs the JSON parse floor on two sizes of a real trace repeated in time (see benchmarks/README.md).
 BENCH_SRC := tests/data/a100_rank0_of_2_nccl_args
+# The common case, 5-15 MB: the source above as it is (9.8 MB), and the newest schema (14.2 MB).
+BENCH_MID := tests/data/b200_rank0_of_8_eager/eager_trace.json.gz
 bench: setup
 	@mkdir -p bench_out
 	@for k in 6 12; do test -f bench_out/a100_nccl_x$$k.json || \
 	  $(BIN)/python benchmarks/make_big_trace.py $(BENCH_SRC) bench_out/a100_nccl_x$$k.json --copies $$k; done
-	$(BIN)/python benchmarks/bench_analyze.py bench_out/a100_nccl_x6.json bench_out/a100_nccl_x12.json \
-	  --rounds 5 --out bench_out/bench_big.json
+	$(BIN)/python benchmarks/bench_analyze.py $(BENCH_SRC)/nccl_data.json.gz $(BENCH_MID) \
+	  bench_out/a100_nccl_x6.json bench_out/a100_nccl_x12.json --rounds 5 --out bench_out/bench_big.json
+	$(BIN)/python benchmarks/phases.py $(BENCH_SRC)/nccl_data.json.gz bench_out/a100_nccl_x6.json \
+	  bench_out/a100_nccl_x12.json --rounds 3
+	$(BIN)/python benchmarks/startup.py $(BENCH_SRC)/nccl_data.json.gz --rounds 9
 
 # diag vs HTA as events per rank and ranks grow (synthesised jobs; see benchmarks/README.md)
 bench-scale: setup

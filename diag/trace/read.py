@@ -1,4 +1,8 @@
-"""Reading a trace file's bytes: plain or gzip JSON, with errors a user can act on."""
+"""Reading a trace file's bytes: plain or gzip JSON, with errors a user can act on.
+
+Reading needs no numpy and no decoder: they are imported where used, so that a file can be read
+ahead (prefetch) while they are imported.
+"""
 from __future__ import annotations
 
 import mmap
@@ -7,11 +11,8 @@ import tempfile
 import weakref
 import zlib
 
-import msgspec
-import numpy as np
-
+from . import prefetch
 from .safeio import open_regular, read_bounded
-from . import schema
 from .errors import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -26,6 +27,8 @@ _MAPS: "weakref.WeakValueDictionary[int, mmap.mmap]" = weakref.WeakValueDictiona
 
 
 def _address(buf) -> int:
+    import numpy as np
+
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(memoryview(buf)) else 0
 
 
@@ -111,7 +114,13 @@ def release(buf, start: int = 0, stop: "int | None" = None) -> None:
 
 def read_bytes(path: str) -> bytes:
     """The file's JSON bytes, decompressed when it is gzip (by content, not by name); a big
-    plain file as a read-only map of it. Only a regular file is read (safeio.open_regular: a FIFO
+    plain file as a read-only map of it. Taken from prefetch when it was read ahead."""
+    ahead, data = prefetch.take(path)
+    return data if ahead else read_file(path)
+
+
+def read_file(path: str) -> bytes:
+    """read_bytes, always from the file. Only a regular file is read (safeio.open_regular: a FIFO
     or a device named like a trace is refused, not waited on), and never more bytes than it had
     when opened plus MAP_MIN_BYTES, whatever size it claims (a /proc file claims 0)."""
     with open_regular(path) as f:
@@ -181,13 +190,26 @@ def gunzip(path: str, data: bytes):
     return out.result()
 
 
+# From this size the top level is decoded around the events (schema.decode_split) instead of
+# over them: skipping 50 MB of events costs ~0.07 s, and the chunks decode (and check) them anyway.
+SPLIT_MIN_BYTES = 1 << 20
+
+
+def splits(data) -> bool:
+    return len(memoryview(data)) >= SPLIT_MIN_BYTES
+
+
 def decode_trace(path: str, data: bytes, split: "bool | None" = None) -> schema.TraceFile:
-    """The top level, the events left raw. split (default: for a mapped file) first tries
+    """The top level, the events left raw. split (default: from SPLIT_MIN_BYTES) first tries
     schema.decode_split, which does not read the events' bytes."""
+    import msgspec
+
+    from . import schema
+
     if schema.first_byte(data) is None:
         raise TraceError(path, "empty file")
     try:
-        doc = schema.decode(data, split=is_mapped(data) if split is None else split)
+        doc = schema.decode(data, split=splits(data) if split is None else split)
     except msgspec.ValidationError as e:
         if schema.first_byte(data) not in (b"{", b"["):
             raise TraceError(path, "not JSON") from None

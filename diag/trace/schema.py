@@ -8,6 +8,7 @@ never makes a whole file unreadable.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Iterator, Union
 
@@ -53,6 +54,60 @@ class Event(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw()
 
 
+class TypedEvent(msgspec.Struct, gc=False, tag="X", tag_field="ph"):
+    """A complete ("X") event as nearly every trace writes it: decoded first, so that chunks.py
+    can turn the fields into columns without checking each value's type. A chunk with any other
+    type in these fields, or a phase not in PHASES, fails validation and is decoded again as
+    loosely typed Events. The phase is the struct's tag: read it as PHASE_OF[type(event)]."""
+
+    cat: str = ""
+    name: str = ""
+    ts: float = math.nan
+    dur: float = math.nan
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+class MetaEvent(msgspec.Struct, gc=False, tag="M", tag_field="ph"):
+    """Metadata ("M"): process and thread names, as Event has them."""
+
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+# The other phases of the Chrome trace format: flows, instants, counters, async spans... Nothing
+# of them is analysed, so nothing is decoded but their phase (a third of Kineto's events are
+# flow arrows: building their fields cost a fifth of the decoding).
+PHASES = "BEiICbnestfPNODVvRc()"
+_OTHER = [msgspec.defstruct(f"Phase{ord(p)}", [], tag=p, tag_field="ph", gc=False) for p in PHASES]
+PHASE_OF = {TypedEvent: "X", MetaEvent: "M", **{cls: p for cls, p in zip(_OTHER, PHASES)}}
+_TypedAny = Union[tuple(PHASE_OF)]
+
+
+class EventList(list):
+    """A chunk's decoded events, and how many of its array's items were no readable event
+    (not an object, or a number past float64's range): those are left out and counted."""
+
+    unreadable = 0
+
+
+# The top-level keys diag reads. Each is kept raw first and decoded on its own (header()), so
+# one unreadable value (a number past float64's range) makes that key unknown, not the file.
+HEADER_KEYS = ("distributedInfo", "deviceProperties", "trace_id", "schemaVersion", "baseTimeNanoseconds")
+
+
+class _RawHeader(msgspec.Struct):
+    traceEvents: msgspec.Raw = msgspec.Raw()
+    distributedInfo: msgspec.Raw = msgspec.Raw()
+    deviceProperties: msgspec.Raw = msgspec.Raw()
+    trace_id: msgspec.Raw = msgspec.Raw()
+    schemaVersion: msgspec.Raw = msgspec.Raw()
+    baseTimeNanoseconds: msgspec.Raw = msgspec.Raw()
+
+
 class TraceFile(msgspec.Struct):
     # The events stay raw here; event_chunks() decodes them a few MB at a time so that only
     # one chunk's Python objects are alive at once.
@@ -62,11 +117,15 @@ class TraceFile(msgspec.Struct):
     trace_id: Any = None
     schemaVersion: Any = None
     baseTimeNanoseconds: Any = None
+    unreadable: list = msgspec.field(default_factory=list)   # HEADER_KEYS whose value could not be read
 
 
 _args_decoder = msgspec.json.Decoder(Args)
+_event_decoder = msgspec.json.Decoder(Event)
 _events_decoder = msgspec.json.Decoder(list[Event])
-_header_decoder = msgspec.json.Decoder(TraceFile)
+_typed_decoder = msgspec.json.Decoder(list[_TypedAny])
+_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_header_decoder = msgspec.json.Decoder(_RawHeader)
 NO_ARGS = Args()
 CHUNK_BYTES = 4 << 20
 _FOLIO = 2 << 20              # the largest page-cache folio a fault maps at once (x86-64)
@@ -117,7 +176,21 @@ def decode(data: bytes, split: bool = False) -> TraceFile:
         msgspec.json.decode(data, type=list[msgspec.Raw])   # validate it is well-formed
         return TraceFile(traceEvents=msgspec.Raw(data))
     doc = decode_split(data) if split else None
-    return doc if doc is not None else _header_decoder.decode(data)
+    return doc if doc is not None else header(_header_decoder.decode(data))
+
+
+def header(raw: _RawHeader) -> TraceFile:
+    """The top-level keys decoded one by one: a value that fails validation (a number past
+    float64's range anywhere in it) leaves that key unknown and is listed in `unreadable`."""
+    doc = TraceFile(traceEvents=raw.traceEvents)
+    for key in HEADER_KEYS:
+        value = getattr(raw, key)
+        if len(value):
+            try:
+                setattr(doc, key, msgspec.json.decode(value))
+            except msgspec.ValidationError:
+                doc.unreadable.append(key)
+    return doc
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -194,7 +267,7 @@ def decode_split(data) -> "TraceFile | None":
     if bytes(doc.traceEvents) != b"[]":       # the key was not the top level's, or came twice
         return None
     doc.traceEvents = msgspec.Raw(buf[open_at:tail_from + pos + 1])
-    return doc
+    return header(doc)
 
 
 def chunk_ranges(array) -> list[tuple[int, int]]:
@@ -217,14 +290,38 @@ def chunk_ranges(array) -> list[tuple[int, int]]:
     return ranges
 
 
-def decode_range(array, start: int, stop: int) -> list[Event]:
-    return _events_decoder.decode(b"[" + memoryview(array)[start:stop] + b"]")
+def decode_events(buf) -> list:
+    """A JSON array of events: TypedEvents when every event has the usual types, else Events;
+    items that are no readable event (null, a number, a value past float64's range) are left
+    out and counted (EventList.unreadable). Raises msgspec.DecodeError on malformed JSON, and
+    ValidationError when no item at all is an event."""
+    try:
+        return _typed_decoder.decode(buf)
+    except msgspec.ValidationError:
+        pass
+    try:
+        return _events_decoder.decode(buf)
+    except msgspec.ValidationError as e:
+        problem = e
+    out = EventList()
+    for raw in _raw_list_decoder.decode(buf):      # rare: one item at a time
+        try:
+            out.append(_event_decoder.decode(raw))
+        except msgspec.ValidationError:
+            out.unreadable += 1
+    if out.unreadable and not out:
+        raise problem                   # not one event: no trace (`[1, 2, 3]`), say why
+    return out
 
 
-def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
+def decode_range(array, start: int, stop: int) -> list:
+    return decode_events(b"[" + memoryview(array)[start:stop] + b"]")
+
+
+def event_chunks(array, chunked: bool = True) -> Iterator[list]:
     """Decode a raw JSON array of events in chunks of about CHUNK_BYTES (or whole)."""
     if not chunked or len(memoryview(array)) <= 2 * CHUNK_BYTES:
-        yield _events_decoder.decode(memoryview(array))
+        yield decode_events(memoryview(array))
         return
     from .read import release
 
@@ -238,7 +335,7 @@ def event_chunks(array, chunked: bool = True) -> Iterator[list[Event]]:
     except (msgspec.DecodeError, msgspec.ValidationError):
         if done:
             raise ChunkingError(done) from None
-        yield _events_decoder.decode(memoryview(array))   # one whole decode: raises with the exact problem
+        yield decode_events(memoryview(array))   # one whole decode: raises with the exact problem
 
 
 _EMPTY_ARRAY = re.compile(rb"\s*(\[\s*\]|null)\s*")

@@ -20,6 +20,14 @@ class SymbolTable:
             self.names.append(s)
         return i
 
+    @classmethod
+    def of(cls, ids: dict) -> "SymbolTable":
+        """A table of the strings of ids (string -> id, numbered 0, 1, ... in insertion order,
+        as chunks.codes_of makes them), taking the dict over."""
+        table = cls()
+        table._ids, table.names = ids, list(ids)
+        return table
+
     def intern_many(self, strings) -> list[int]:
         """Ids of many strings. Two C-level passes (dict.fromkeys, map) instead of a Python
         loop: this runs once per event of every trace."""

@@ -1,0 +1,52 @@
+"""Read a trace's bytes while the analysis is still being imported.
+
+`diag analyze FILE` spends its first ~0.1-0.2 s importing numpy and the analysis, on one core,
+and then reads and (for .json.gz) inflates the file. The reading needs none of those imports
+and zlib lets go of the GIL while it inflates, so it is started first, in a thread, and
+read.read_bytes takes its result when the loader asks for that file. Only a single file is read
+ahead (a directory's ranks may go to worker processes), and a failure is the loader's to report:
+the thread keeps the exception and read_bytes raises it, as if it had read the file itself.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Optional
+
+_AHEAD: dict[str, "_Ahead"] = {}
+
+
+class _Ahead(threading.Thread):
+    def __init__(self, path: str, read: Callable[[str], Any]) -> None:
+        super().__init__(name="diag-prefetch", daemon=True)
+        self.path, self.read = path, read
+        self.data: Any = None
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self.data = self.read(self.path)
+        except BaseException as e:        # handed to the loader, which reports it (TraceError)
+            self.error = e
+
+
+def start(path: str) -> None:
+    """Begin reading path's bytes (read.read_bytes) in a thread when it is one regular file."""
+    if path in _AHEAD or os.environ.get("DIAG_NO_PREFETCH") or not os.path.isfile(path):
+        return
+    from .read import read_file        # light: no numpy, no decoder
+
+    ahead = _AHEAD[path] = _Ahead(path, read_file)
+    ahead.start()
+
+
+def take(path: str) -> tuple[bool, Any]:
+    """(True, bytes) when path was read ahead (waiting for the thread to finish), else (False,
+    None). Raises what the read raised. Each read-ahead is taken once."""
+    ahead = _AHEAD.pop(path, None)
+    if ahead is None:
+        return False, None
+    ahead.join()
+    if ahead.error is not None:
+        raise ahead.error
+    return True, ahead.data

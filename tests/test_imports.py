@@ -1,0 +1,81 @@
+"""`diag --help` and `diag analyze` import only what they use (issue #22: start-up).
+
+Each command runs in a fresh interpreter that reports the modules loaded at the moment that
+matters: when --help has printed, when analyze first opens the trace (an audit hook, PEP 578),
+and when analyze has printed its JSON report."""
+import json
+import os
+import subprocess
+import sys
+
+import click
+
+from conftest import DATA, ROOT
+
+TRACE = os.path.join(DATA, "a100_single_ns_resolution", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+
+CHILD = r"""
+import json, os, sys
+args, target = sys.argv[1:-1], sys.argv[-1]
+loaded = {}
+
+def hook(event, a):
+    if "first_open" not in loaded and event == "open" and isinstance(a[0], str) and target \
+            and os.path.abspath(a[0]) == target:
+        loaded["first_open"] = sorted(sys.modules)
+
+sys.addaudithook(hook)
+from diag.cli import main
+try:
+    main(args)
+except SystemExit as e:
+    loaded["exit"] = e.code
+loaded["end"] = sorted(sys.modules)
+sys.stderr.write("MODULES " + json.dumps(loaded) + "\n")
+"""
+
+# Packages a command must not load unless it prints with them (rich: the text report; plotly,
+# streamlit: the dashboard and HTML report; pandas, hta: the cross-check reference).
+NEVER_FOR_JSON = ("rich", "plotly", "streamlit", "pandas", "hta", "diag.report.text", "diag.report.html",
+                  "diag.dashboard_cmd", "diag.bench_cmd", "diag.export")
+NOT_BEFORE_FIRST_BYTE = ("numpy", "diag.analysis", "diag.advise", "diag.trace.build", "diag.trace.chunks")
+
+
+def modules_of(*args: str, target: str = "") -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD, *args, target], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    line = [x for x in done.stderr.splitlines() if x.startswith("MODULES ")]
+    assert line, done.stderr
+    return json.loads(line[-1][len("MODULES "):])
+
+
+def loaded(modules: list[str], prefixes) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
+
+
+def test_help_imports_no_analysis():
+    got = modules_of("--help")
+    assert got["exit"] in (0, None)
+    assert loaded(got["end"], ("numpy", "msgspec", "diag.analysis", "diag.advise", "diag.trace.job",
+                               *NEVER_FOR_JSON)) == []
+
+
+def test_analyze_reads_before_heavy_imports_and_never_loads_renderers(tmp_path):
+    out = tmp_path / "d.json"
+    got = modules_of("analyze", TRACE, "--format", "json", "--output", str(out), target=TRACE)
+    assert got["exit"] in (0, None)
+    assert json.loads(out.read_text())["ranks"][0]["events"] > 0        # it did analyse the trace
+    assert "first_open" in got, "the trace was never opened"
+    assert loaded(got["first_open"], NOT_BEFORE_FIRST_BYTE) == []
+    assert loaded(got["end"], NEVER_FOR_JSON) == []
+    assert "numpy" in got["end"]             # the check can fail: the analysis did import it after
+
+
+def test_lazy_help_is_each_commands_own():
+    from diag.cli import LAZY_COMMANDS, LAZY_HELP, main
+
+    assert set(LAZY_HELP) == set(LAZY_COMMANDS)
+    ctx = click.Context(main)
+    for name, line in LAZY_HELP.items():
+        cmd = main.get_command(ctx, name)
+        assert cmd.short_help is None and (cmd.help or "").split("\n\n")[0].strip() == line, name
