@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import os
 import sys
+from typing import Optional
 
 import click
 
@@ -95,12 +96,13 @@ def main() -> None:
               help="Report format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to FILE instead of stdout.")
+@click.option("--force", is_flag=True, help="Write -o FILE even over an input or inside the analysed directory.")
 @click.option("--timeline", type=click.Path(), default=None, metavar="OUT.json",
               help="Also write every rank's events on one timeline (clocks aligned, matched collectives "
                    "linked, findings marked) for ui.perfetto.dev or chrome://tracing. Reads the traces, "
                    "never their summaries.")
 @run_options
-def analyze(path: str, fmt: str, output: str | None, timeline: str | None, inputs: RunInputs) -> None:
+def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str | None, inputs: RunInputs) -> None:
     """Analyse a trace file or a directory of per-rank traces (.json or .json.gz).
 
     A directory may be a job's own layout: rank traces in subfolders, or torchtitan's
@@ -113,6 +115,7 @@ def analyze(path: str, fmt: str, output: str | None, timeline: str | None, input
     """
     from .report import render
 
+    refuse_or_exit(output, run_files(path, inputs), force)
     if timeline:
         from .report.timeline import refused
         why = refused(timeline, path, inputs.iteration)
@@ -123,16 +126,37 @@ def analyze(path: str, fmt: str, output: str | None, timeline: str | None, input
     diagnosis, job = diagnose_or_exit(path, inputs, with_job=True)
     if timeline:
         timeline_or_exit(timeline, diagnosis, job)
-    report = render(diagnosis, fmt)
-    if output:
-        try:
-            with open(output, "w", encoding="utf-8") as f:
-                f.write(report)
-        except OSError as e:
-            click.echo(f"diag: error: {output}: cannot write: {e.strerror or e}", err=True)
-            sys.exit(2)
-    else:
-        click.echo(report, nl=False)
+    emit(render(diagnosis, fmt), output)
+
+
+def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
+    """What a command reads for the run at `path`: a report must never be written over them."""
+    given = [path] + ([inputs.config, inputs.bench] if inputs else [])
+    return [p for p in given if p]
+
+
+def refuse_or_exit(output: Optional[str], inputs: list[str], force: bool) -> None:
+    """Exit 2, before any work, when `output` would overwrite an input (safeio.refuse_overwrite)."""
+    from .trace.safeio import refuse_overwrite
+
+    why = None if force or not output or output == "-" else refuse_overwrite(output, inputs)
+    if why:
+        click.echo(f"diag: error: {why}", err=True)
+        sys.exit(2)
+
+
+def emit(text: str, output: Optional[str]) -> None:
+    """The report on stdout, or written atomically to `output` (exit 2 naming it if it cannot be)."""
+    from .trace.safeio import atomic_write
+
+    if not output or output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        atomic_write(output, text)
+    except OSError as e:
+        click.echo(f"diag: error: {output}: cannot write: {e.strerror or e}", err=True)
+        sys.exit(2)
 
 
 def diagnose_or_exit(path: str, inputs: RunInputs, with_job: bool = False):

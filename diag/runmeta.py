@@ -152,16 +152,9 @@ def encode(facts: RunFacts) -> bytes:
 
 
 def write(path: str, facts: RunFacts) -> None:
-    """Write diag_run.json atomically: a reader never sees half a file."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(facts))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write diag_run.json atomically (trace.safeio.atomic_write: an exclusive temporary with an
+    unpredictable name, renamed): a reader never sees half a file, no planted name is followed."""
+    from .trace.safeio import atomic_write      # here: diag.trace imports this module
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    atomic_write(path, encode(facts))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 import time
 from typing import Optional
@@ -35,6 +34,7 @@ from .trace.errors import TraceError
 from .trace import discover
 from .trace.job import each_file
 from .trace.read import file_size
+from .trace.safeio import atomic_write, read_regular
 
 _LAUNCHERS = (("SLURM_PROCID", "SLURM_NTASKS", "srun"), ("RANK", "WORLD_SIZE", "torchrun"))
 
@@ -90,8 +90,11 @@ def _copy_run_files(paths, out_dir: str) -> None:
         d = p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p))
         for name in RUN_FILES:
             src, dst = os.path.join(d, name), os.path.join(out_dir, name)
-            if os.path.isfile(src) and not os.path.exists(dst):
-                shutil.copyfile(src, dst)
+            if os.path.isfile(src) and not os.path.lexists(dst):      # a planted link is not followed
+                try:
+                    atomic_write(dst, read_regular(src))
+                except TraceError as e:
+                    click.echo(f"diag: {e}", err=True)
 
 
 class _Task:

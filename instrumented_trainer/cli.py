@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not worker:
         from instrumented_trainer.launch import spawn  # noqa: PLC0415 - launcher only
 
-        return spawn(world, argv, shlex.join(job.command))
+        return spawn(world, argv, shlex.join(job.command), timeout_s=job.runtime.dist_timeout)
     from instrumented_trainer.telemetry.flight_recorder import FlightRecorder  # noqa: PLC0415
     from instrumented_trainer.train import train  # noqa: PLC0415 - torch only in workers
 

@@ -30,6 +30,7 @@ from instrumented_trainer.parallel.tensor_parallel import apply_tensor_parallel
 from instrumented_trainer.telemetry import run_metadata
 from instrumented_trainer.telemetry.comm import CommLog
 from instrumented_trainer.telemetry.commtap import comm_tap
+from instrumented_trainer.telemetry.heartbeat import Heartbeat
 from instrumented_trainer.telemetry.metrics import MetricsSampler
 from instrumented_trainer.telemetry.profiler import ProfilerSession
 from instrumented_trainer.telemetry.prometheus import start_live_metrics
@@ -118,11 +119,13 @@ def train(job: JobConfig) -> list[float]:
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
     live = (start_live_metrics(job, rank, coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
+    heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
     tapped = tel.comm_log or tel.profile or bool(tel.prometheus_port)
     stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
     with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler, \
             comm_tap(comm, mesh.axis_groups(), enabled=tapped):
         for step in range(job.train.train_iters):
+            heartbeat.beat(step)
             comm.step = step
             faults.before_step(step, stall, slow)  # flight recorder tests: off unless --fault-* given
             start = time.perf_counter()
@@ -135,7 +138,9 @@ def train(job: JobConfig) -> list[float]:
             if live is not None:
                 with guard("prometheus metrics"):
                     live.publish(steps.last, comm.last_step)
+            heartbeat.hold()             # a trace export may outlast --dist-timeout: not a stall
             profiler.step()
+        heartbeat.done()
     comm.close()
     steps.close()
     dist.barrier()

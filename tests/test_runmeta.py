@@ -119,13 +119,13 @@ def test_the_device_table_wins_over_a_record_that_says_sxm_for_a_pcie_part(tmp_p
     assert t.mfu == pytest.approx(t.model_flops_per_step / (1.0 * 8 * 989.5e12))
 
 
-def test_write_is_atomic_and_refuses_a_planted_temporary(tmp_path):
+def test_write_is_atomic_and_follows_no_planted_temporary(tmp_path):
     path = tmp_path / "diag_run.json"
     runmeta.write(str(path), runmeta.RunFacts(tp=2))
     assert runmeta.decode(path.read_bytes()).tp == 2
     victim = tmp_path / "victim"
     victim.write_text("keep")
-    os.symlink(victim, f"{path}.{os.getpid()}.tmp")
-    with pytest.raises(FileExistsError):
-        runmeta.write(str(path), runmeta.RunFacts(tp=4))
-    assert victim.read_text() == "keep" and runmeta.decode(path.read_bytes()).tp == 2
+    os.symlink(victim, f"{path}.{os.getpid()}.tmp")        # the old predictable name, planted
+    runmeta.write(str(path), runmeta.RunFacts(tp=4))        # safeio.atomic_write: an unpredictable one
+    assert victim.read_text() == "keep" and runmeta.decode(path.read_bytes()).tp == 4
+    assert sorted(os.listdir(tmp_path)) == sorted(["diag_run.json", "victim", f"diag_run.json.{os.getpid()}.tmp"])

@@ -25,32 +25,25 @@ def _diagnose(path: str, inputs=None):
     return diagnose_or_exit(path, inputs or RunInputs())
 
 
-def _emit(text: str, output) -> None:
-    if not output:
-        click.echo(text, nl=False)
-        return
-    try:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        _fail(f"{output}: cannot write: {e.strerror or e}")
-
-
 FORMAT = click.option("--format", "fmt", type=click.Choice(ADVICE_FORMATS), default="text", show_default=True)
 OUTPUT = click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
+FORCE = click.option("--force", is_flag=True, help="Write -o FILE even over an input or inside an analysed directory.")
 
 
 @click.command()
 @click.argument("path", type=click.Path())
 @FORMAT
 @OUTPUT
+@FORCE
 @run_options
-def recommend(path: str, fmt: str, output, inputs) -> None:
+def recommend(path: str, fmt: str, output, force: bool, inputs) -> None:
     """Recommend the next configuration to try for the run at PATH, with predicted gains."""
+    from ..cli import emit, refuse_or_exit, run_files
     from ..report.advice import render_advice
     from .results import Advice
 
-    _emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
+    refuse_or_exit(output, run_files(path, inputs), force)
+    emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
 
 
 @click.command()
@@ -58,12 +51,15 @@ def recommend(path: str, fmt: str, output, inputs) -> None:
 @click.argument("b", type=click.Path())
 @FORMAT
 @OUTPUT
-def compare(a: str, b: str, fmt: str, output) -> None:
+@FORCE
+def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
     """Two runs side by side: step time, breakdown, bubble, busbw per axis, throughput."""
+    from ..cli import emit, refuse_or_exit
     from ..report.advice import render_comparison
     from .compare import compare as cmp
 
-    _emit(render_comparison(cmp(_diagnose(a), _diagnose(b)), fmt), output)
+    refuse_or_exit(output, [a, b], force)
+    emit(render_comparison(cmp(_diagnose(a), _diagnose(b)), fmt), output)
 
 
 @click.command(context_settings={"ignore_unknown_options": True})

@@ -99,11 +99,10 @@ def parse_bench(doc, path="<bench>") -> BenchCurve:
 
 def load_bench(path) -> BenchCurve:
     """Read a collbench JSON file; TraceError naming the file and the problem if it is bad."""
+    from ..trace.safeio import read_regular
+
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise TraceError(str(path), f"cannot read: {e.strerror or e}") from None
+        doc = json.loads(read_regular(str(path)))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(str(path), f"not valid JSON: {e}") from None
     return parse_bench(doc, path)

@@ -149,7 +149,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     d = Diagnosis(
         source=os.path.abspath(job.source), world_size=job.world_size,
         backend=", ".join(sorted(backends)) or None, ranks=ranks,
-        missing_ranks=job.missing_ranks,
+        missing_ranks=job.missing_ranks, missing_count=job.missing_count,
         problems=[Problem(p.path, p.problem) for p in job.problems],
         other_runs=job.other_runs, notes=notes, run=job.run_meta, layout=grid.describe(), facts=meta,
         layout_dims=[[a, n] for a, n in grid.layout.dims] if grid.layout is not None else None, comm=ca, findings=findings(ranks, ca),

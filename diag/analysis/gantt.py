@@ -213,14 +213,14 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
     by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
     staged = grid is not None and (grid.layout is not None or grid.pp > 1)
     others: list[int] = []
-    if staged:
-        picks = []
-        for s in range(grid.pp):
-            stage_ranks = [r for r in sorted(by_rank) if grid.stage(r) == s]
-            if stage_ranks:          # the lowest rank of the stage: tp 0, dp 0 where it was loaded
-                picks.append(stage_ranks[0])
-                others += stage_ranks[1:]
-        others = others[:max_rows]
+    if staged:                       # the lowest loaded rank of each stage: tp 0, dp 0 where loaded
+        by_stage: dict = {}          # (over the loaded ranks, not the pp a flag or file claims)
+        for r in sorted(by_rank):
+            s = grid.stage(r)
+            if s is not None:
+                by_stage.setdefault(s, []).append(r)
+        picks = [by_stage[s][0] for s in sorted(by_stage)]
+        others = [r for s in sorted(by_stage) for r in by_stage[s][1:]][:max_rows]
     else:
         picks = sorted(by_rank)[:max_rows]
     timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"

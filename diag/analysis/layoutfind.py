@@ -25,6 +25,9 @@ from ..trace.commtable import group_key      # one canonical key for a group's m
 
 BASE_AXES = tuple(a for a in AXES if a not in FLATTENED)
 SIZE_KEYS = ("tp", "pp", "cp", "ep", "dp_shard")      # what flags, config files and diag_run.json give
+# A group's member list is built from the layout only up to this size: the sizes are claims (a
+# flag, diag_run.json), and a key that long matches no group a trace names anyway.
+MAX_KEY_RANKS = 1 << 16
 
 
 def compact_pg_config(pg_config: list) -> list[list]:
@@ -51,13 +54,20 @@ class JobLayout:
     notes: list = field(default_factory=list)
 
     def axis_of(self, key: Optional[str]) -> int:
-        return self.axis_of_key.get(key, UNKNOWN) if key else UNKNOWN
+        """The axis of the group with this key: named, else the layout's group it is (looked up
+        for the keys the traces hold, never by listing the layout's groups: a world size a file
+        claims, 2^24 with --tp/--pp, must cost nothing per claimed rank)."""
+        if not key:
+            return UNKNOWN
+        if key not in self.axis_of_key and self.layout is not None:
+            self.axis_of_key[key] = _layout_axis(self.layout, key)
+        return self.axis_of_key.get(key, UNKNOWN)
 
     def group_of(self, rank: int, axis: str) -> Optional[tuple[str, int]]:
         """(key, size) of `rank`'s group along `axis`: named in the trace, or from the layout."""
         key = self.members.get((rank, axis))
         if key is None and self.layout is not None and 0 <= rank < self.layout.world_size \
-                and self.layout.size(axis) > 1:
+                and 1 < self.layout.size(axis) <= MAX_KEY_RANKS:
             key = group_key(self.layout.group_of(rank, axis))
         return (key, key.count(",") + 1) if key else None
 
@@ -168,24 +178,32 @@ def find_layout(pg_configs: list[list], world: Optional[int], flags: Optional[di
     out.layout, out.source = layout, source
     if layout is not None:
         layout.source = source or ""
-        flattened = tuple(a for a, parts in FLATTENED.items() if all(layout.size(p) > 1 for p in parts))
-        for axis in layout.axes + flattened:
-            if layout.size(axis) > 1:
-                for g in layout.groups(axis):
-                    key = group_key(g)
-                    out.axis_of_key.setdefault(key, axis_index(axis))
     for key, axis in named.items():
         out.axis_of_key[key] = axis_index(axis)
     for key, a in out.axis_of_key.items():
         for r in key.split(","):
             out.members.setdefault((int(r), AXES[a]), key)
-    left = [k for k in unnamed if k not in out.axis_of_key and (not world or k.count(",") + 1 < world)]
+    left = [k for k in unnamed if out.axis_of(k) == UNKNOWN and (not world or k.count(",") + 1 < world)]
     if left and layout is None:
         shapes = sorted({_shape(k) for k in left})
         out.notes.append(f"process groups of {', '.join(shapes)} are not named in the trace: give the sizes "
                          "(--tp/--pp ..., or --config with the job's Megatron-LM arguments or torchtitan TOML) "
                          "to attribute them to axes")
     return out
+
+
+def _layout_axis(layout: Layout, key: str) -> int:
+    """The axis (base axes first, then flattened ones) whose group holding the key's first rank
+    is exactly the key's ranks; UNKNOWN if none. Sizes are compared before any group is built."""
+    ranks = key.split(",")
+    first, n = int(ranks[0]), len(ranks)
+    if not 0 <= first < layout.world_size:
+        return UNKNOWN
+    flattened = tuple(a for a, parts in FLATTENED.items() if all(layout.size(p) > 1 for p in parts))
+    for axis in layout.axes + flattened:
+        if layout.size(axis) == n > 1 and n <= MAX_KEY_RANKS and group_key(layout.group_of(first, axis)) == key:
+            return axis_index(axis)
+    return UNKNOWN
 
 
 def _shape(key: str) -> str:

@@ -103,7 +103,8 @@ class Diagnosis:
     world_size: Optional[int]
     backend: Optional[str]
     ranks: list[RankResult]
-    missing_ranks: list[int] = field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)   # the first 4,096 (trace.job.MISSING_LISTED)
+    missing_count: int = 0                                   # all of them
     problems: list[Problem] = field(default_factory=list)
     other_runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

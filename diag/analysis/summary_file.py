@@ -5,6 +5,12 @@ safe to read from anyone (plain data; no pickle, nothing executed). A summary re
 trace it was made from (its size and a fingerprint of its first and last MiB), so a reader can
 tell a summary of the trace in front of it from a stale one, and the summary of a trace that
 could not be read records why, so the rank is reported as a problem wherever it is merged.
+
+A summary is trusted only after its own bytes verify: the file is an envelope (format, version,
+a BLAKE2b digest, the payload), and the payload is decoded only when its digest matches, so one
+flipped bit is a corrupt summary (then the trace is read, or the rank is a problem), never a
+silently different number. Decoded, its values are checked too (summary_check): every array of
+the integer dtype its field has, no NaN or negative time, a breakdown that adds up.
 """
 from __future__ import annotations
 
@@ -17,15 +23,34 @@ from typing import Any, Optional
 import msgspec
 import numpy as np
 
+from ..trace.safeio import atomic_write, open_regular, read_regular
 from ..trace.errors import TraceError
 from .rankpass import RankSummary
+from .summary_check import check_values
 
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
-VERSION = 3                           # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits
+VERSION = 4          # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope
 _EDGE = 1 << 20                       # bytes fingerprinted at each end of the trace
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30
+
+
+class _Head(msgspec.Struct):
+    """What every version's file starts with: told apart before anything else is decoded."""
+    format: str = ""
+    version: int = 0
+
+
+class _Envelope(msgspec.Struct):
+    format: str
+    version: int
+    digest: bytes                     # BLAKE2b-128 of payload
+    payload: bytes                    # the SummaryFile, MessagePack
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
 
 
 @dataclass
@@ -47,9 +72,9 @@ def summary_path(trace: str, out_dir: Optional[str] = None) -> str:
 
 def fingerprint(path: str) -> tuple[int, str]:
     """(size, digest of the first and last MiB): cheap on a 2 GB trace, changes when it does."""
-    size = os.path.getsize(path)
     h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         h.update(f.read(_EDGE))
         if size > _EDGE:
             f.seek(max(_EDGE, size - _EDGE))
@@ -88,16 +113,9 @@ _DECODER = msgspec.msgpack.Decoder(SummaryFile, dec_hook=_dec)
 
 
 def write(path: str, sf: SummaryFile) -> None:
-    """Atomically: a reader never sees half a summary under the final name."""
-    data = _ENCODER.encode(sf)
-    tmp = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Atomically (safeio.atomic_write): a reader never sees half a summary under the final name."""
+    payload = _ENCODER.encode(sf)
+    atomic_write(path, msgspec.msgpack.encode(_Envelope(FORMAT, VERSION, _digest(payload), payload)))
 
 
 def make(trace: str, summary: Optional[RankSummary], problem: Optional[str] = None) -> SummaryFile:
@@ -111,25 +129,30 @@ def make(trace: str, summary: Optional[RankSummary], problem: Optional[str] = No
 
 
 def read(path: str) -> SummaryFile:
-    """A summary file, checked; raises TraceError naming the file and the problem."""
+    """A summary file, verified (digest) and checked (values); raises TraceError naming the file and the problem."""
+    data = read_regular(path, MAX_SUMMARY_BYTES)
     try:
-        if os.path.getsize(path) > MAX_SUMMARY_BYTES:
-            raise TraceError(path, f"summary larger than {MAX_SUMMARY_BYTES:,} bytes: not a diag summary")
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
-    try:
-        sf = _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
+        head = msgspec.msgpack.decode(data, type=_Head)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:     # ValueError: bad UTF-8
         raise TraceError(path, f"not a diag summary (or a corrupt one): {e}") from None
-    if sf.format != FORMAT:
-        raise TraceError(path, f"not a diag summary (format {sf.format!r})")
-    if sf.version != VERSION:
-        raise TraceError(path, f"summary format version {sf.version}, this diag reads {VERSION}: "
+    if head.format != FORMAT:
+        raise TraceError(path, f"not a diag summary (format {head.format!r})")
+    if head.version != VERSION:
+        raise TraceError(path, f"summary format version {head.version}, this diag reads {VERSION}: "
                                "run `diag summarize` again")
+    try:
+        env = msgspec.msgpack.decode(data, type=_Envelope)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
+        raise TraceError(path, f"corrupt summary: {e}") from None
+    if env.digest != _digest(env.payload):
+        raise TraceError(path, "corrupt summary: its content does not match its checksum")
+    try:
+        sf = _DECODER.decode(env.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
+        raise TraceError(path, f"corrupt summary: {e}") from None
     if sf.summary is not None:
         _check(path, sf.summary)
+        check_values(path, sf.summary)
     elif not sf.problem:
         raise TraceError(path, "summary holds neither a rank nor a problem")
     return sf

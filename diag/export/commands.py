@@ -29,13 +29,16 @@ def _fail(message: str) -> None:
 @click.option("--pushgateway", metavar="URL", help="Also push it to this Pushgateway.")
 @click.option("--job", metavar="NAME",
               help="`job` label (and Pushgateway group); default: the traces' directory name.")
+@click.option("--force", is_flag=True, help="Write FILE even over an input or inside the analysed directory.")
 @run_options
-def export(path, textfile, pushgateway, job, inputs) -> None:
+def export(path, textfile, pushgateway, job, force, inputs) -> None:
     """Export the diagnosis of PATH's traces as Prometheus metrics."""
+    from ..cli import refuse_or_exit, run_files
     from . import prometheus
 
     if not textfile and not pushgateway:
         _fail("nothing to do: give --prometheus FILE and/or --pushgateway URL")
+    refuse_or_exit(textfile, run_files(path, inputs), force)
     name = job or os.path.basename(os.path.abspath(path).rstrip(os.sep)) or "diag"
     diagnosis = diagnose_or_exit(path, inputs)
     try:

@@ -135,8 +135,11 @@ def to_text(diagnosis: Diagnosis, job: str) -> str:
 
 
 def write_textfile(diagnosis: Diagnosis, job: str, path: str) -> None:
-    """Write atomically (temporary file, then rename): node_exporter never reads half a file."""
-    _client().write_to_textfile(path, registry_for(diagnosis, job))
+    """Write atomically (an exclusive temporary, then rename): node_exporter never reads half a
+    file, and no predictable temporary name is followed (client_python's write_to_textfile uses one)."""
+    from ..trace.safeio import atomic_write
+
+    atomic_write(path, to_text(diagnosis, job))
 
 
 def push(diagnosis: Diagnosis, job: str, url: str, timeout: float = 10.0) -> None:

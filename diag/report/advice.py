@@ -3,6 +3,8 @@
 Only presentation: the numbers come from diag.advise. Each recommendation is shown with its
 evidence (metric, value, threshold), the flags, the exact re-run command and the predicted
 step time and tokens/s before and after, so it can be traced to the report's own numbers.
+Strings from the run (its command, titles naming its ranks and files) are data: escaped for
+Markdown (escape.md_text / md_code) and for the terminal (escape.terminal).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import dataclasses
 import msgspec
 
 from ..advise.memory import human
+from .escape import md_code, md_text, terminal
 from .fmt import ms
 
 ADVICE_FORMATS = ("text", "markdown", "json")
@@ -35,25 +38,25 @@ def _tokens(x) -> str:
 def rec_lines(i: int, r, md: bool = False) -> list[str]:
     """One recommendation as lines (Markdown when md)."""
     gain = r.gain
-    head = f"{i}. {r.title}"
+    text, code = (md_text, md_code) if md else (str, str)
+    head = f"{i}. {text(r.title)}"
     pred = (f"predicted step {ms(r.step_s_before)} -> {ms(r.step_s_after)} ms"
             + (f" ({-100 * gain:+.1f}%)" if gain is not None else "")
             + f", tokens/s {_tokens(r.tokens_per_s_before)} -> {_tokens(r.tokens_per_s_after)}"
             + f"; confidence {r.confidence}")
-    q = "`" if md else ""
     lines = [f"**{head}**" if md else head, f"   {pred}"] + _memory_lines(r)
     for e in r.evidence:
-        lines.append(f"   evidence: {e.metric} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
-                     + (f" [{e.source}]" if e.source else ""))
+        lines.append(f"   evidence: {text(e.metric)} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
+                     + (f" {text(f'[{e.source}]')}" if e.source else ""))
     if r.flags:
         flags = " ".join(k if v == "" else f"no {k}" if v is None else f"{k} {v}" for k, v in r.flags.items())
-        lines.append(f"   flags: {q}{flags}{q}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
+        lines.append(f"   flags: {code(flags)}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
     if r.command:
-        lines.append(f"   re-run: {q}{r.command}{q}")
+        lines.append(f"   re-run: {code(r.command)}")
     if r.why:
-        lines.append(f"   why: {r.why}")
-    lines += [f"   check: {c}" for c in r.checks]
-    lines += [f"   assumes: {a}" for a in r.assumptions]
+        lines.append(f"   why: {text(r.why)}")
+    lines += [f"   check: {text(c)}" for c in r.checks]
+    lines += [f"   assumes: {text(a)}" for a in r.assumptions]
     return [("- " + x.strip()) if md and x.startswith("   ") else x for x in lines]
 
 
@@ -84,8 +87,8 @@ def render_advice(advice, fmt: str) -> str:
     lines = (["# Recommendations", ""] if md else ["Recommendations, biggest predicted gain first", ""])
     lines += recommendation_lines(advice.recommendations, md, advice.nothing or "")
     lines += ["## Model calibration" if md else "Model calibration (what the predictions start from)", ""]
-    lines += [("- " if md else "  ") + n for n in advice.calibration]
-    return "\n".join(lines).rstrip() + "\n"
+    lines += [("- " + md_text(n)) if md else ("  " + n) for n in advice.calibration]
+    return terminal("\n".join(lines).rstrip() + "\n")
 
 
 def _fmt(x, unit: str) -> str:
@@ -111,17 +114,18 @@ def render_comparison(c, fmt: str) -> str:
     rows = comparison_rows(c)
     cfg = [[str(k), str(a), str(b)] for k, a, b in c.config]
     if fmt == "markdown":
-        t = ["| " + " | ".join(header) + " |", "|---|---|---:|---:|---:|"] + ["| " + " | ".join(r) + " |" for r in rows]
-        out = ["# diag compare", "", f"- A: `{c.a}`", f"- B: `{c.b}`", ""] + t
+        cells = lambda r: "| " + " | ".join(map(md_text, r)) + " |"      # noqa: E731
+        t = ["| " + " | ".join(header) + " |", "|---|---|---:|---:|---:|"] + [cells(r) for r in rows]
+        out = ["# diag compare", "", f"- A: {md_code(c.a)}", f"- B: {md_code(c.b)}", ""] + t
         if cfg:
-            out += ["", "| setting | A | B |", "|---|---:|---:|"] + ["| " + " | ".join(r) + " |" for r in cfg]
-        return "\n".join(out + [f"- note: {n}" for n in c.notes]) + "\n"
+            out += ["", "| setting | A | B |", "|---|---:|---:|"] + [cells(r) for r in cfg]
+        return "\n".join(out + [f"- note: {md_text(n)}" for n in c.notes]) + "\n"
     w = [max(len(x[i]) for x in rows + [header]) for i in range(len(header))]
     line = lambda r: "  ".join(v.ljust(w[i]) if i < 2 else v.rjust(w[i]) for i, v in enumerate(r)).rstrip()
     out = [f"A: {c.a}", f"B: {c.b}", "", line(header), "-" * len(line(header))] + [line(r) for r in rows]
     if cfg:
         out += ["", "Configuration that differs:"] + [f"  {k}: {a} -> {b}" for k, a, b in cfg]
-    return "\n".join(out + [f"note: {n}" for n in c.notes]) + "\n"
+    return terminal("\n".join(out + [f"note: {n}" for n in c.notes]) + "\n")
 
 
 def render_tune(res) -> str:

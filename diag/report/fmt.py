@@ -40,8 +40,8 @@ def headline(d: Diagnosis) -> list[str]:
              f"{ws}, backend {d.backend or 'unknown'}",
              *([f"Timeline: {timeline}" + (f"; device: {', '.join(devices)}" if devices else "")] if n else []),
              f"Layout: {d.layout}" if d.layout else "Layout: unknown (no process-group names, sizes or config file)"]
-    if d.missing_ranks:
-        lines.append(f"Ranks without a trace here: {len(d.missing_ranks)} of {d.world_size}")
+    if d.missing_count:
+        lines.append(f"Ranks without a trace here: {d.missing_count:,} of {d.world_size:,}")
     return lines
 
 

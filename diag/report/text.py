@@ -1,4 +1,8 @@
-"""Terminal report: aligned tables with units, readable in 80 columns, biggest loss first."""
+"""Terminal report: aligned tables with units, readable in 80 columns, biggest loss first.
+
+Trace text is data (escape.py): the console interprets no rich markup or emoji codes anywhere
+(a `[/bold]` in a kernel name is printed as it is), and control characters in the finished
+report are made visible, so a name cannot drive the terminal."""
 from __future__ import annotations
 
 import io
@@ -10,6 +14,7 @@ from rich.table import Table
 
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
+from .escape import terminal
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, KERNEL_HEADER, OPS_HEADER, PIPE_HEADER,
                   RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline, kernel_rows,
@@ -47,7 +52,8 @@ def _print_flight_recorder(con: Console, fr) -> None:
 
 def render_text(d: Diagnosis, width: int = 80) -> str:
     buf = io.StringIO()
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None, highlight=False)
+    con = Console(file=buf, width=width, force_terminal=False, color_system=None, highlight=False,
+                  markup=False, emoji=False)
     for line in headline(d):
         con.print(line)
     # Problems and notes are not wrapped, so each stays one greppable line.
@@ -96,4 +102,4 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         con.print(f"{ranks}: {n}", style="dim", markup=False)
     if len(grouped) > 8:
         con.print(f"... {len(grouped) - 8} more notes in --format json", style="dim")
-    return buf.getvalue()
+    return terminal(buf.getvalue())

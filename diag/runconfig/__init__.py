@@ -50,11 +50,14 @@ def load_config(path: str, world_size: Optional[int] = None) -> dict:
 
 
 def _read(path: str) -> str:
+    from ..trace.safeio import read_regular
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceError(path, f"cannot read the config file: {getattr(e, 'strerror', None) or e}") from None
+        return read_regular(path).decode("utf-8")
+    except TraceError as e:
+        raise TraceError(path, f"cannot read the config file: {e.problem}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(path, f"cannot read the config file: {e}") from None
 
 
 def _kind(path: str, text: str) -> str:

@@ -111,13 +111,18 @@ def _table(path: str, parts: _Parts) -> tuple[EventTable, np.ndarray]:
     host_thread, stream = parts.column("thread", np.int32), parts.column("stream", np.int64)
     device = parts.column("device", np.int64)
     device = np.where(gpu & (device < 0), pid_of[host_thread] if keys else -1, device)
+    device = np.where(gpu, device, -1)
+    odd = (device < -1) | (device > np.iinfo(np.int32).max)     # int16 wrapped pids past 32767
+    if odd.any():
+        parts.skipped["GPU events with a device id that fits no int32 (device taken as unknown)"] = int(odd.sum())
+        device[odd] = -1
     table = EventTable(
         ts_ns=np.rint((ts_us - t0_us) * 1000.0).astype(np.int64),
         dur_ns=np.rint(dur_us * 1000.0).astype(np.int64),
         kind=parts.column("kind", np.int8), name_id=parts.column("name", np.int32),
         thread=np.where(gpu, np.where(stream >= 0, stream, tid_of[host_thread] if keys else -1),
                         host_thread).astype(np.int32),
-        device=np.where(gpu, device, -1).astype(np.int16),
+        device=device.astype(np.int32),
         correlation=parts.column("correlation", np.int64), external_id=parts.column("external_id", np.int64),
         symbols=parts.symbols, t0_us=t0_us)
     return table, good

@@ -27,6 +27,7 @@ from typing import Optional
 from .errors import TraceError
 from .flightrec import is_dump      # Flight Recorder dumps (JSON) beside the traces are no traces
 from .read import GZIP_MAGIC
+from .safeio import open_regular
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
 NOT_TRACES = {"diag_run.json", "hta_reference.json", "diag_bench.json"}
@@ -166,13 +167,14 @@ def _candidate(root: str, folder: str, entries: list, real_root: str) -> Optiona
 def _head(path: str, size: int = PEEK_BYTES) -> Optional[bytes]:
     """The first `size` bytes of the file's JSON (inflated when gzip), or None if unreadable."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:          # a FIFO or device named like a trace: not waited on
             raw = f.read(size)
             if raw[:2] != GZIP_MAGIC:
                 return raw
-        with gzip.open(path, "rb") as g:
-            return g.read(size)
-    except (OSError, EOFError, ValueError):
+            f.seek(0)
+            with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                return g.read(size)
+    except (OSError, EOFError, ValueError, TraceError):
         return None
 
 

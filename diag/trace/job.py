@@ -21,6 +21,7 @@ from .chunks import workers
 from .discover import NOT_TRACES, SUMMARY_SUFFIX, TRACE_SUFFIXES, find, trace_files  # noqa: F401 (re-exported)
 from .errors import TraceError
 from .read import decode_trace, file_size, read_bytes, splits
+from .safeio import read_regular
 from .table import RankTrace
 
 RUN_METADATA = "diag_run.json"
@@ -30,6 +31,7 @@ MAX_RUN_METADATA_BYTES = 1 << 20
 SAME_RUN_WINDOW_S = 300.0
 PARALLEL_MIN_BYTES = 256 << 20     # on disk
 PARALLEL_MIN_FILES = 32
+MISSING_LISTED = 4096              # missing ranks listed by number (Job.missing_count counts them all)
 
 
 @dataclass
@@ -53,12 +55,22 @@ class Job:
         return max(sizes) if sizes else None
 
     @property
-    def missing_ranks(self) -> list[int]:
+    def missing_count(self) -> int:
+        """Ranks of the world without a trace here (counted, not listed: the world size is a claim)."""
         ws = self.world_size
-        if not ws:
-            return []
-        have = {r.rank for r in self.ranks}
-        return [r for r in range(ws) if r not in have]
+        return ws - len({r.rank for r in self.ranks if r.rank is not None and 0 <= r.rank < ws}) if ws else 0
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """The first MISSING_LISTED of them by number: the loop ends after at most that many plus
+        the ranks present, whatever world size a file claims (2^24 used to take minutes and GBs)."""
+        ws, have, out = self.world_size or 0, {r.rank for r in self.ranks}, []
+        r = 0
+        while r < ws and len(out) < MISSING_LISTED:
+            if r not in have:
+                out.append(r)
+            r += 1
+        return out
 
 
 def load_rank(path: str) -> RankTrace:
@@ -159,13 +171,17 @@ def assemble(path: str, loaded: list, problems: list[FileProblem], meta_dir: str
 def _assign_runs(job: Job, loaded: list[RankTrace]) -> None:
     """Split files into runs; analyse the largest, report the others."""
     runs: list[list[RankTrace]] = []
-    for rt in sorted(loaded, key=lambda r: (r.world_size or 0, r.start_epoch_us or 0.0)):
+    for rt in sorted(loaded, key=lambda r: (r.world_size or 0, r.start_epoch_us or 0.0, r.path)):
         for run in runs:
             first = run[0]
             if (first.world_size == rt.world_size
-                    and abs((rt.start_epoch_us or 0) - (first.start_epoch_us or 0)) <= SAME_RUN_WINDOW_S * 1e6
-                    and (rt.rank is None or all(r.rank != rt.rank for r in run))):
-                run.append(rt)
+                    and abs((rt.start_epoch_us or 0) - (first.start_epoch_us or 0)) <= SAME_RUN_WINDOW_S * 1e6):
+                twin = next((r for r in run if rt.rank is not None and r.rank == rt.rank), None)
+                if twin is None:
+                    run.append(rt)
+                else:                 # same run, same rank: a copy, not another run
+                    job.problems.append(FileProblem(rt.path, f"a duplicate of rank {rt.rank}: {twin.path} claims "
+                                                             "the same rank in the same run; set aside"))
                 break
         else:
             runs.append([rt])
@@ -195,13 +211,11 @@ def _read_run_meta(directory: str, job: Job, strict: bool) -> Optional[RunFacts]
     if not os.path.exists(p):
         return None
     try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_RUN_METADATA_BYTES + 1)
-        if len(data) > MAX_RUN_METADATA_BYTES:
-            raise RunMetaError(f"larger than {MAX_RUN_METADATA_BYTES >> 20} MiB: not a run record")
+        data = read_regular(p, MAX_RUN_METADATA_BYTES)    # a regular file only: no FIFO, no device
         return runmeta.decode(data)
-    except (OSError, RunMetaError) as e:
-        reason = f"unusable run metadata, ignored: {getattr(e, 'strerror', None) or e}"
+    except (TraceError, RunMetaError) as e:
+        why = e.problem if isinstance(e, TraceError) else e
+        reason = f"unusable run metadata, ignored: {why}"
         if strict:
             raise TraceError(p, reason) from None
         job.problems.append(FileProblem(p, reason))

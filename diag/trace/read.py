@@ -12,6 +12,7 @@ import weakref
 import zlib
 
 from . import prefetch
+from .safeio import open_regular, read_bounded
 from .errors import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -119,20 +120,15 @@ def read_bytes(path: str) -> bytes:
 
 
 def read_file(path: str) -> bytes:
-    """read_bytes, always from the file."""
-    try:
-        with open(path, "rb") as f:
-            mapped = _map(f)
-            if mapped is not None:
-                return mapped
-            f.seek(0)
-            data = f.read()
-    except FileNotFoundError:
-        raise TraceError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TraceError(path, "is a directory, expected a trace file") from None
-    except OSError as e:
-        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    """read_bytes, always from the file. Only a regular file is read (safeio.open_regular: a FIFO
+    or a device named like a trace is refused, not waited on), and never more bytes than it had
+    when opened plus MAP_MIN_BYTES, whatever size it claims (a /proc file claims 0)."""
+    with open_regular(path) as f:
+        mapped = _map(f)
+        if mapped is not None:
+            return mapped
+        f.seek(0)
+        data = read_bounded(f, path, os.fstat(f.fileno()).st_size + MAP_MIN_BYTES)
     if data[:2] == GZIP_MAGIC:
         return gunzip(path, data)
     return data

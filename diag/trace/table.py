@@ -23,7 +23,7 @@ class EventTable:
     kind: np.ndarray           # int8, Kind
     name_id: np.ndarray        # int32, into symbols
     thread: np.ndarray         # int32: host thread index, or GPU stream (see is_gpu)
-    device: np.ndarray         # int16: GPU device, -1 on host events
+    device: np.ndarray         # int32: GPU device (or the pid Kineto gives it), -1 on host events
     correlation: np.ndarray    # int64: launch <-> kernel link, -1 when absent
     external_id: np.ndarray    # int64: op <-> launch link, -1 when absent
     symbols: SymbolTable

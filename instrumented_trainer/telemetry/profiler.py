@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from diag.trace.safeio import exclusive_temp_path
+
 from .safe import guard, warn_once
 
 SUMMARY_WAIT_S = 120.0
@@ -46,15 +48,11 @@ class ProfilerSession:
         with guard("profiler export"):
             os.makedirs(self.cfg.out, exist_ok=True)
             path = trace_path(self.cfg.out, self.rank)
-            # Written under a name no reader takes for a trace, then renamed: a rank killed or a
-            # disk filling up mid-write never leaves a partial file under the final name.
-            partial = path[: -len(".json.gz")] + ".partial.gz"   # .gz: torch gzips the JSON itself
-            try:
+            # Written in a private directory made with mkdtemp next to the trace (a name nobody
+            # can plant a symlink under), then renamed: a rank killed or a disk filling up
+            # mid-write never leaves a partial file under the final name.
+            with exclusive_temp_path(path) as partial:     # ends in .gz: torch gzips the JSON itself
                 prof.export_chrome_trace(partial)
-                os.replace(partial, path)
-            finally:
-                if os.path.exists(partial):
-                    os.remove(partial)
             self.exported = path
         if self.exported and getattr(self.cfg, "trace_summary", False):
             with guard("trace summary"):

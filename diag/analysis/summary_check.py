@@ -1,0 +1,94 @@
+"""Are a decoded summary's values possible? A summary's digest only says its bytes are the ones
+written; a summary made by another program, or forged, can still carry NaN times, an array of
+floats where the merge expects integer ids, or a breakdown whose parts exceed its span. Any of
+those would come out as a wrong number, so such a summary is refused (the trace is read instead,
+or the rank reported as a problem). A rank that cannot be one (negative, or past any int32
+column) is not a reason to drop the rank's numbers: it becomes unknown, with a note, as for a
+trace whose distributedInfo has no usable rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..layout import AXES
+from ..trace.errors import TraceError
+from ..trace.kinds import Coll
+from .ppschedule import ACTIONS
+
+_RANK_MAX = (1 << 31) - 1                      # ranks live in int32 columns
+_BOOL_ARRAYS = {"fsdp", "sure"}
+_NONNEG_ARRAYS = {"dur_ns", "exposed_ns", "host_ns", "group_size"}
+_FRACTIONS = {"share", "ratio"}
+# Arrays of codes: [low, high) of what the merge indexes or converts with them.
+_CODES = {"coll": (min(Coll), max(Coll) + 1), "axis": (-1, len(AXES)), "act_kind": (0, len(ACTIONS)),
+          "step": (-1, None), "peer": (-1, None), "act_stage": (-1, None), "act_mb": (-1, None), "lane": (-1, None)}
+_TOL = 1e-6
+
+
+def check_values(path: str, s) -> None:
+    """Raise TraceError naming `path` for an impossible value in RankSummary `s`; an impossible
+    rank or world size becomes unknown, with a note in the rank's result."""
+    _walk(path, s, "summary")
+    _check_breakdown(path, s.result.breakdown)
+    p2p = s.pp.p2p
+    if p2p.wait_op.size and not (0 <= int(p2p.wait_op.min()) and int(p2p.wait_op.max()) < p2p.peer.size):
+        raise TraceError(path, "corrupt summary: summary.pp.p2p.wait_op points past its ops")
+    for name in ("rank", "world_size"):
+        v = getattr(s, name)
+        low = 1 if name == "world_size" else 0
+        if v is not None and not (low <= v <= _RANK_MAX):
+            setattr(s, name, None)
+            s.result.notes.append(f"the summary's {name.replace('_', ' ')} {v} is not possible "
+                                  f"({low} to {_RANK_MAX:,}): taken as unknown")
+    if s.rank is not None and s.world_size is not None and s.rank >= s.world_size:
+        s.result.notes.append(f"the summary's rank {s.rank} is not below its world size {s.world_size}: "
+                              "rank taken as unknown")
+        s.rank = None
+
+
+def _walk(path: str, obj, where: str) -> None:
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _value(path, getattr(obj, f.name), f.name, f"{where}.{f.name}")
+    elif isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            _walk(path, x, f"{where}[{i}]")
+
+
+def _value(path: str, v, name: str, where: str) -> None:
+    if isinstance(v, float):
+        bad = not math.isfinite(v) or ((name.endswith("_s") or name in _FRACTIONS or name == "mean_us") and v < 0) \
+            or (name in _FRACTIONS and v > 1 + _TOL)
+        if bad:
+            raise TraceError(path, f"corrupt summary: {where} = {v!r} is not possible")
+    elif isinstance(v, np.ndarray):
+        _array(path, v, name, where)
+    elif isinstance(v, tuple) and v and all(isinstance(a, np.ndarray) for a in v):
+        for a in v:                                        # an interval set: (starts, ends)
+            _array(path, a, "interval", where)
+        if len(v) == 2 and (v[0].size != v[1].size or bool((v[1] < v[0]).any())):
+            raise TraceError(path, f"corrupt summary: {where} holds intervals that end before they start")
+    else:
+        _walk(path, v, where)
+
+
+def _array(path: str, a: np.ndarray, name: str, where: str) -> None:
+    want = "b" if name in _BOOL_ARRAYS else "i"
+    if a.dtype.kind != want:
+        raise TraceError(path, f"corrupt summary: {where} is {a.dtype}, expected "
+                               f"{'booleans' if want == 'b' else 'integers'}")
+    if name in _NONNEG_ARRAYS and a.size and int(a.min()) < 0:
+        raise TraceError(path, f"corrupt summary: {where} holds negative values")
+    low, high = _CODES.get(name, (None, None))
+    if a.size and ((low is not None and int(a.min()) < low) or (high is not None and int(a.max()) >= high)):
+        raise TraceError(path, f"corrupt summary: {where} holds codes outside [{low}, {high})")
+
+
+def _check_breakdown(path: str, b) -> None:
+    parts = b.compute_s + b.comm_s + b.memory_s + b.other_s + b.idle_s
+    if abs(parts - b.span_s) > _TOL * max(1.0, b.span_s):
+        raise TraceError(path, f"corrupt summary: its breakdown's parts add up to {parts:.6g} s, "
+                               f"its span is {b.span_s:.6g} s")

@@ -1,0 +1,145 @@
+"""Opening and writing files without trusting their names: the one place every reader and writer goes.
+
+Reading: a FIFO named like a trace blocks `open` until a writer comes; a symlink to /dev/zero
+reports a size of 0 and never ends. So files are opened non-blocking, only regular files are
+read, and every read is bounded by the bytes actually read, never by the size the file claims.
+
+Writing: a temporary with a predictable name (`<out>.<pid>.partial`) can be planted as a symlink
+that makes the writer overwrite any file the user can write. Temporaries are created exclusively
+(mkstemp / mkdtemp, O_EXCL, in the target's directory) and renamed over the target, so a reader
+never sees half a file and no planted name is followed. A report is never written over the files
+it was made from (`refuse_overwrite`), unless the user says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+from typing import Iterable, Iterator, Optional, Union
+
+from .errors import TraceError
+
+SMALL_FILE_BYTES = 64 << 20           # run metadata, bench curves, config files: far below this
+_PIECE = 1 << 20                       # bytes per read past what a file claims
+_FIRST_MAX = 64 << 20                  # the first read: what the file claims, up to this
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str):
+    """A binary file object for `path`, which must be a regular file (symlinks followed).
+    Opened non-blocking, so a FIFO does not hang here; raises TraceError naming the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise TraceError(path, "cannot read: no such file") from None
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise TraceError(path, f"is {_kind(mode)}, not a regular file: not read")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(f, path: str, limit: int) -> bytes:
+    """At most `limit` bytes from the open file f; TraceError if it holds more (whatever its size
+    says). Read as much as the file claims first, then in pieces: memory follows the bytes that
+    come, never `limit` (read(n) allocates n bytes up front)."""
+    try:
+        first = max(0, min(limit + 1, _FIRST_MAX, os.fstat(f.fileno()).st_size - f.tell() + 1))
+        chunks = [f.read(first)] if first else []
+        total = len(chunks[0]) if chunks else 0
+        while total <= limit:
+            piece = f.read(min(_PIECE, limit + 1 - total))
+            if not piece:
+                break
+            chunks.append(piece)
+            total += len(piece)
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if total > limit:
+        raise TraceError(path, f"larger than {limit:,} bytes: not read (not the file expected here?)")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def read_regular(path: str, limit: int = SMALL_FILE_BYTES) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them (else TraceError)."""
+    with open_regular(path) as f:
+        return read_bounded(f, path, limit)
+
+
+def is_regular(path: str) -> bool:
+    """A regular file (symlinks followed): what a directory listing may hand to a reader."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+# --- writing ----------------------------------------------------------------------------------
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write(path: str, data: Union[bytes, str]) -> None:
+    """Write `data` to `path` through an exclusively created temporary in the same directory,
+    renamed over it: never half a file under `path`, never a planted name followed."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _umask_mode())       # mkstemp's 0600 is for the temporary only
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def exclusive_temp_path(path: str) -> Iterator[str]:
+    """A fresh path to write `path`'s content under (for writers that open by name, such as
+    torch's export_chrome_trace), inside a private directory made with mkdtemp next to `path`;
+    renamed over `path` when the block ends without error. The directory is removed either way."""
+    folder = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)),
+                              prefix=f".{os.path.basename(path)}.", suffix=".partial")
+    tmp = os.path.join(folder, os.path.basename(path))
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def refuse_overwrite(output: str, inputs: Iterable[str]) -> Optional[str]:
+    """Why writing `output` would destroy an input (the file itself, or anything inside an
+    analysed directory), or None when it would not."""
+    out = os.path.realpath(output)
+    for given in inputs:
+        src = os.path.realpath(given)
+        if out == src or (os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src)):
+            return f"{output} is an input of this command; not overwritten (--force to write it anyway)"
+        if os.path.isdir(src) and os.path.commonpath([out, src]) == src:
+            what = "would overwrite a file of" if os.path.exists(out) else "is inside"
+            return f"{output} {what} the analysed directory {given}; not written (--force to write it anyway)"
+    return None
