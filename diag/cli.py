@@ -41,13 +41,13 @@ def _progress(what: str = "loading traces"):
 # Subcommands defined in their own modules, imported only when invoked, so `diag analyze`
 # never pays for the dashboard's or the recommender's imports. One line per command.
 LAZY_COMMANDS: dict[str, str] = {
-    "export": "diag.export.commands:export",
-    "recommend": "diag.advise.commands:recommend",
-    "compare": "diag.advise.commands:compare",
-    "tune": "diag.advise.commands:tune",
-    "dashboard": "diag.dashboard_cmd:dashboard",
-    "bench": "diag.bench_cmd:bench",
-    "summarize": "diag.summarize_cmd:summarize",
+    "export": "diag.commands.export:export",
+    "recommend": "diag.commands.advise:recommend",
+    "compare": "diag.commands.advise:compare",
+    "tune": "diag.commands.advise:tune",
+    "dashboard": "diag.commands.dashboard:dashboard",
+    "bench": "diag.commands.bench:bench",
+    "summarize": "diag.commands.summarize:summarize",
 }
 # Their one-line help for `diag --help`, which would otherwise import every command to ask it
 # (numpy, the analysis, the recommender); tests/test_imports.py checks each against its docstring.

@@ -160,7 +160,7 @@ def test_time_agrees_with_a_plain_all_reduce_loop(bench2, tmp_path):
 
 
 def test_diag_bench_modules_do_not_import_torch():
-    code = ("import sys, diag.bench_cmd, diag.analysis.benchcurve; "
+    code = ("import sys, diag.commands.bench, diag.analysis.benchcurve; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

@@ -23,7 +23,7 @@ from diag.analysis import diagnose
 from diag.advise.recommend import with_advice
 from diag.analysis.collect import summarize_file
 from diag.cli import main
-from diag.dashboard_cmd import resolve_root, streamlit_argv
+from diag.commands.dashboard import resolve_root, streamlit_argv
 from diag.trace import load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from diag.analysis import diagnose  # noqa: E402
 from diag.advise.recommend import with_advice  # noqa: E402
-from diag.dashboard_cmd import free_port  # noqa: E402
+from diag.commands.dashboard import free_port  # noqa: E402
 from diag.report.html import render_html  # noqa: E402
 from diag.trace import load_job  # noqa: E402
 

@@ -22,7 +22,7 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from diag.analysis import diagnose
-from diag.dashboard_cmd import free_port
+from diag.commands.dashboard import free_port
 from diag.report.html import render_html
 from diag.trace import load_job
 

@@ -115,6 +115,6 @@ def test_without_prometheus_client_the_message_says_what_to_install():
 
 
 def test_export_imports_neither_torch_nor_prometheus_client():
-    run = _python("import sys, diag.export.commands, diag.export.prometheus\n"
+    run = _python("import sys, diag.commands.export, diag.export.prometheus\n"
                   "print('torch' in sys.modules, 'prometheus_client' in sys.modules)")
     assert run.stdout.split() == ["False", "False"], run.stderr

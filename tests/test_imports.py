@@ -37,7 +37,7 @@ sys.stderr.write("MODULES " + json.dumps(loaded) + "\n")
 # Packages a command must not load unless it prints with them (rich: the text report; plotly,
 # streamlit: the dashboard and HTML report; pandas, hta: the cross-check reference).
 NEVER_FOR_JSON = ("rich", "plotly", "streamlit", "pandas", "hta", "diag.report.text", "diag.report.html",
-                  "diag.dashboard_cmd", "diag.bench_cmd", "diag.export")
+                  "diag.commands.dashboard", "diag.commands.bench", "diag.export")
 NOT_BEFORE_FIRST_BYTE = ("numpy", "diag.analysis", "diag.advise", "diag.trace.build", "diag.trace.chunks")
 
 

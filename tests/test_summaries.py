@@ -18,7 +18,7 @@ from diag.analysis import summary_file
 from diag.analysis.summary_file import SUFFIX
 from diag.cli import main
 from diag.ports import free_port
-from diag.summarize_cmd import shard_of
+from diag.commands.summarize import shard_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = [os.path.join(ROOT, "sample_traces", d) for d in ("tp2_pp2_dp2", "pp2_m2", "dp2_overlap")]

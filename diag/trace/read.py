@@ -8,28 +8,14 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-import weakref
 import zlib
 
 from . import prefetch
+from .mapped import MAP_MIN_BYTES, is_mapped, register as _register, release  # noqa: F401 (re-exported)
 from .safeio import open_regular, read_bounded
 from .errors import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
-
-
-# A plain JSON file this big is mapped, not read: its pages are the page cache's, and each
-# chunk's pages are dropped from the process once decoded (release), so a 2 GB trace never
-# sits in the process's memory whole.
-MAP_MIN_BYTES = 64 << 20
-_PAGE = mmap.PAGESIZE
-_MAPS: "weakref.WeakValueDictionary[int, mmap.mmap]" = weakref.WeakValueDictionary()
-
-
-def _address(buf) -> int:
-    import numpy as np
-
-    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(memoryview(buf)) else 0
 
 
 def _map(f) -> "mmap.mmap | None":
@@ -40,13 +26,6 @@ def _map(f) -> "mmap.mmap | None":
     except (OSError, ValueError):
         return None                       # not mappable (a pipe, a special file): read it
     return _register(mm)
-
-
-def _register(mm: mmap.mmap) -> mmap.mmap:
-    if hasattr(mm, "madvise"):
-        mm.madvise(mmap.MADV_SEQUENTIAL)
-    _MAPS[_address(mm)] = mm
-    return mm
 
 
 def spill_dir() -> str:
@@ -91,25 +70,6 @@ class _Inflated:
         if self.file is not None:
             self.file.close()
             self.file = None
-
-
-def is_mapped(data) -> bool:
-    return isinstance(data, mmap.mmap)
-
-
-def release(buf, start: int = 0, stop: "int | None" = None) -> None:
-    """Drop the pages of buf[start:stop] from this process's memory when buf lies in a mapped
-    trace file (a no-op otherwise). Read again, they come back from the page cache."""
-    if not _MAPS or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    addr = _address(buf)
-    for base, mm in list(_MAPS.items()):
-        if base <= addr < base + len(mm):
-            lo = (addr - base + start) // _PAGE * _PAGE
-            hi = min(len(mm), addr - base + (len(memoryview(buf)) if stop is None else stop))
-            if hi > lo:
-                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-            return
 
 
 def read_bytes(path: str) -> bytes:

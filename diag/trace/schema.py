@@ -273,7 +273,7 @@ def decode_split(data) -> "TraceFile | None":
 def chunk_ranges(array) -> list[tuple[int, int]]:
     """Byte ranges [start, stop) of the array's content, cut between events about every
     CHUNK_BYTES. A cut that falls inside an event shows up when that range fails to decode."""
-    from .read import release
+    from .mapped import release
 
     buf = memoryview(array)
     start = bytes(buf[:64]).index(b"[") + 1
@@ -323,7 +323,7 @@ def event_chunks(array, chunked: bool = True) -> Iterator[list]:
     if not chunked or len(memoryview(array)) <= 2 * CHUNK_BYTES:
         yield decode_events(memoryview(array))
         return
-    from .read import release
+    from .mapped import release
 
     done = 0
     try:

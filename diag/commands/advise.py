@@ -40,7 +40,7 @@ def recommend(path: str, fmt: str, output, force: bool, inputs) -> None:
     """Recommend the next configuration to try for the run at PATH, with predicted gains."""
     from ..cli import emit, refuse_or_exit, run_files
     from ..report.advice import render_advice
-    from .results import Advice
+    from ..advise.results import Advice
 
     refuse_or_exit(output, run_files(path, inputs), force)
     emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
@@ -56,7 +56,7 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
     """Two runs side by side: step time, breakdown, bubble, busbw per axis, throughput."""
     from ..cli import emit, refuse_or_exit
     from ..report.advice import render_comparison
-    from .compare import compare as cmp
+    from ..advise.compare import compare as cmp
 
     refuse_or_exit(output, [a, b], force)
     emit(render_comparison(cmp(_diagnose(a), _diagnose(b)), fmt), output)
@@ -79,7 +79,7 @@ def tune(out_dir: str, repeats: int, timeout: float, rule, trainer_args) -> None
     import shlex
 
     from ..report.advice import render_tune
-    from .tune import TuneError, tune as run_tune
+    from ..advise.tune import TuneError, tune as run_tune
 
     if not trainer_args:
         _fail("tune: give the trainer's flags after --, e.g. diag tune -- --nproc 2 --pipeline-model-parallel-size 2")

@@ -34,7 +34,7 @@ def _fail(message: str) -> None:
 def export(path, textfile, pushgateway, job, force, inputs) -> None:
     """Export the diagnosis of PATH's traces as Prometheus metrics."""
     from ..cli import refuse_or_exit, run_files
-    from . import prometheus
+    from ..export import prometheus
 
     if not textfile and not pushgateway:
         _fail("nothing to do: give --prometheus FILE and/or --pushgateway URL")

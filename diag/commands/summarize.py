@@ -27,14 +27,14 @@ from typing import Optional
 
 import click
 
-from .analysis import summary_file
-from .analysis.collect import summarize_file
-from .analysis.rankpass import KEEP_KERNELS
-from .trace.errors import TraceError
-from .trace import discover
-from .trace.job import each_file
-from .trace.read import file_size
-from .trace.safeio import atomic_write, read_regular
+from ..analysis import summary_file
+from ..analysis.collect import summarize_file
+from ..analysis.rankpass import KEEP_KERNELS
+from ..trace.errors import TraceError
+from ..trace import discover
+from ..trace.job import each_file
+from ..trace.read import file_size
+from ..trace.safeio import atomic_write, read_regular
 
 _LAUNCHERS = (("SLURM_PROCID", "SLURM_NTASKS", "srun"), ("RANK", "WORLD_SIZE", "torchrun"))
 
@@ -178,7 +178,7 @@ def summarize(paths, out_dir, shard, force, top, dask_address, niceness, idle, q
         _copy_run_files(paths, out_dir)
     todo = mine if force else [f for f in mine if not up_to_date(f, out_dir)]
     task = _Task(out_dir, top)
-    from .cli import _progress
+    from ..cli import _progress
 
     bar, update = _progress("summarising")
     results = _on_dask(dask_address, todo, task) if dask_address else \

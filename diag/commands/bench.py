@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from .analysis.benchcurve import load_bench
-from .trace.errors import TraceError
+from ..analysis.benchcurve import load_bench
+from ..trace.errors import TraceError
 
 
 def collbench_argv(nproc, tp, pp, min_bytes, max_bytes, iters, warmup, ops, cpu, out):

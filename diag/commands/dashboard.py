@@ -14,8 +14,8 @@ from typing import Optional
 
 import click
 
-from .ports import free_port
-from .runinputs import RunInputs, run_options
+from ..ports import free_port
+from ..runinputs import RunInputs, run_options
 
 APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
 
