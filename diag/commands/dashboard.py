@@ -17,7 +17,7 @@ import click
 from ..ports import free_port
 from ..runinputs import RunInputs, run_options
 
-APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"     # diag/commands/ -> the repo
 
 
 def resolve_root(path: Optional[str], root: Optional[str]) -> tuple[Path, Optional[str]]:
