@@ -96,8 +96,10 @@ def sidebar_run() -> Optional[LoadedRun]:
     _drop_ended_sessions_uploads()
     runs = list_runs(s.root)
     name = st.query_params.get("run") or st.session_state.get("run_name") or s.run or (runs[0] if runs else "")
-    if "run_pick" not in st.session_state:
-        st.session_state["run_pick"] = name if name in runs else None
+    if name in runs and st.session_state.get("run_pick") != name:
+        st.session_state["run_pick"] = name       # the picker shows the run the page shows, on every page
+    elif "run_pick" not in st.session_state:
+        st.session_state["run_pick"] = None
     st.sidebar.caption(f"Runs under {md(s.root)}")
     st.sidebar.selectbox("Run", runs, key="run_pick", on_change=_picked, placeholder="pick a run")
     inputs = sidebar_inputs(s.root)

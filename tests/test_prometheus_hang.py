@@ -74,6 +74,8 @@ def _wait_hung(url: str, proc, limit_s: float = 240.0) -> list[dict]:
         steps = query(url, f'max(diag_steps_total{{job="{JOB}"}})')
         still = query(url, f'changes(diag_steps_total{{job="{JOB}"}}[10s]) == 0')
         if steps and float(steps[0]["value"][1]) >= STALL_STEP and len(still) == 2:
-            return query(url, expr)
+            behind = query(url, expr)          # the recording rule may lag the scrape by one interval
+            if behind:
+                return behind
         time.sleep(1.0)
     pytest.fail(f"the job never hung (trainer exit {proc.poll()})")
