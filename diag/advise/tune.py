@@ -83,13 +83,17 @@ def measured_steps(out: str, meta: Optional[RunFacts]) -> list[float]:
     prof = meta.profile if meta is not None else None
     lo = prof.wait if prof is not None and prof.enabled else 10**9
     hi = lo + (prof.warmup + prof.active if prof is not None else 0)   # + 1: the export step
+    return [r["step_seconds"] for r in step_rows(out) if r["step"] >= SKIP_FIRST and not lo <= r["step"] <= hi]
+
+
+def step_rows(out: str) -> list[dict]:
+    """The trainer's steps.jsonl rows (one parser for step times and peak memory)."""
     path = os.path.join(out, "steps.jsonl")
     try:
         with open(path) as f:
-            rows = [json.loads(x) for x in f if x.strip()]
+            return [json.loads(x) for x in f if x.strip()]
     except OSError as e:
         raise TuneError(f"{path}: cannot read: {e.strerror or e}") from None
-    return [r["step_seconds"] for r in rows if r["step"] >= SKIP_FIRST and not lo <= r["step"] <= hi]
 
 
 def _train(argv: list[str], timeout: float) -> None:
@@ -134,9 +138,8 @@ def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
     if d.facts.peak_memory_bytes:
         return float(d.facts.peak_memory_bytes)
     try:
-        with open(os.path.join(out, "steps.jsonl")) as f:
-            peaks = [json.loads(x).get("peak_memory_bytes") for x in f if x.strip()]
-    except (OSError, ValueError):
+        peaks = [r.get("peak_memory_bytes") for r in step_rows(out)]
+    except (TuneError, ValueError):
         return None
     peaks = [p for p in peaks if isinstance(p, (int, float)) and p > 0]
     return float(max(peaks)) if peaks else None
