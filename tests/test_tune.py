@@ -5,13 +5,15 @@ cores): half of every step is pipeline bubble. `tune` runs it, diagnoses it, app
 recommendation (more micro-batches, same global batch), re-runs both configurations alternately
 (so load from other processes hits both alike) and compares the medians of the unprofiled
 steps: the step time training really gets (the profiled steps, slowed by the profiler, are
-reported too; see docs/recommendations.md). On a quiet machine: predicted -28.5%, measured
--25.3% (error 13%); the profiled steps said -19.1%.
-Required: the measured step time improves, and the predicted change is within 25% of the
-measured one. Timings on a shared machine are noisy: when either fails while the unchanged
-run's own steps spread by more than 10% (interquartile range over median), or two runs of one
-configuration differ by more than 10% (both measured in this run), the result is reported
+reported too; see docs/recommendations.md).
+Required, exactly: the bubble rule is applied with a micro-batch that divides the batch, both
+configurations ran twice, the predicted change is the recommendation's own model figure and
+says faster. Required as a timing: the measured step time improves; when it does not while the
+unchanged run's own steps spread by more than 10% (interquartile range over median), or two runs
+of one configuration differ by more than 10% (both measured in this run), the result is reported
 inconclusive with that noise instead of failing.
+How close the prediction comes is a timing claim, so it is not asserted here (#19): it is
+`make bench-tune`'s table (benchmarks/bench_tune.py, reading in benchmarks/README.md).
 """
 import glob
 import statistics
@@ -38,7 +40,7 @@ def _noise(r) -> float:
     return max([drift] + [spread(x) for x in steps if x])
 
 
-def test_closed_loop_improves_and_prediction_holds(tmp_path):
+def test_closed_loop_applies_the_recommendation_and_improves(tmp_path):
     res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2)
     assert res.applied is not None and res.applied.rule == "bubble", res.message
     assert res.applied.flags["--micro-batch-size"] in ("1", "2", "4")
@@ -48,8 +50,9 @@ def test_closed_loop_improves_and_prediction_holds(tmp_path):
     # (made alternately) drift apart
     noise = max(_noise(res.before), _noise(res.after))
     timing_verdict(res.measured_change < 0, noise, 0.10, f"measured {res.measured_change:+.1%}: the change did not help")
-    timing_verdict(res.error <= 0.25, noise, 0.10, f"predicted {res.predicted_change:+.1%} vs measured "
-                   f"{res.measured_change:+.1%} (profiled steps {res.trace_change:+.1%})")
+    # the prediction is the model's, carried as the recommendation says it (exact, not a timing)
+    assert res.predicted_change == res.applied.step_s_after / res.applied.step_s_before - 1
+    assert res.predicted_change < 0 and res.error is not None
 
 
 def test_cli_tune_refuses_bad_input(tmp_path):
