@@ -101,8 +101,10 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     try:
         job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
                              use_summaries=inputs.use_summaries, iteration=inputs.iteration)
-    except TraceError:
-        if fr is None and not fr_problems:
+    except TraceError as e:
+        # the dumps alone are analysed where there is no trace; with --strict a bad file still fails
+        bad_file = os.path.abspath(e.path) != os.path.abspath(path)
+        if (fr is None and not fr_problems) or (inputs.strict and bad_file):
             raise
         from .trace.job import Job
         return dumps_only(path, fr, fr_problems), Job(path, [])     # no trace: no events to draw

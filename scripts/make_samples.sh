@@ -26,8 +26,15 @@ sample pp2_m2 --nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 2 --
 sample tp2_pp2_dp2 --nproc 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
   --micro-batch-size 2 --global-batch-size 8 --overlap-grad-reduce --ddp-bucket-size 100000 \
   --profile-active 1
+# TP=2 with sequence parallelism x FSDP2 ZeRO-3 over DP=2: all-gathers and reduce-scatters on both axes.
+sample tp2_sp_zero3 --nproc 4 --tensor-model-parallel-size 2 --sequence-parallel \
+  --data-parallel-sharding-strategy optim_grads_params --micro-batch-size 2 --global-batch-size 8 \
+  --profile-active 1
 # DP=2, gradient all-reduce after backward vs overlapped with it (same buckets).
 sample dp2_no_overlap --nproc 2 --micro-batch-size 2 --global-batch-size 8 --ddp-bucket-size 100000
 sample dp2_overlap --nproc 2 --micro-batch-size 2 --global-batch-size 8 --ddp-bucket-size 100000 \
   --overlap-grad-reduce
+# The trainer's own summaries (*.diagsum) are diag's cache of these traces; a committed one would go
+# stale when diag's analysis changes, so the samples keep only the traces.
+find "$OUT" -name '*.diagsum' -delete
 du -sh "$OUT"/*

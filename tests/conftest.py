@@ -25,10 +25,14 @@ def analysis(path, *flags) -> dict:
 
 
 def comparable(d: dict) -> dict:
-    """The diagnosis without what says how it was made: the notes, and where it was read from."""
+    """The diagnosis without what says how it was made: the notes, and where it was read from
+    (the source, and the Flight Recorder dumps' paths: their names stay)."""
     d = dict(d)
     d.pop("notes")
     d.pop("source")
+    if d.get("flight_recorder"):
+        d["flight_recorder"] = {**d["flight_recorder"],
+                                "files": [os.path.basename(f) for f in d["flight_recorder"]["files"]]}
     return d
 
 

@@ -10,8 +10,10 @@ from collections import Counter
 import pytest
 
 from conftest import DATA, ROOT
+from diag.analysis import diagnose
+from diag.analysis.rankpass import summarize
 from diag.analysis.shapes import infer_shape
-from diag.trace import load_rank
+from diag.trace import load_job, load_rank
 from kineto import TraceBuilder
 
 
@@ -119,7 +121,13 @@ def test_the_trainers_traces_agree_with_their_run_metadata(run):
             "ffn_hidden_size": meta["ffn_hidden_size"], "swiglu": False}          # the trainer's MLP is GeLU
     for name in sorted(os.listdir(folder)):
         if name.endswith(".pt.trace.json.gz"):
-            assert infer_shape(load_rank(os.path.join(folder, name)).gemms, tp=meta["tp"]) == want
+            rt = load_rank(os.path.join(folder, name))
+            if summarize(rt).dtensor:       # DTensor's aten::linear carries the global weight
+                assert infer_shape(rt.gemms, tp=1) == {**want, "ffn_hidden_size_per_rank": meta["ffn_hidden_size"]}
+            else:
+                assert meta["tp"] == 1 and infer_shape(rt.gemms, tp=meta["tp"]) == want
+    facts = diagnose(load_job(folder)).facts
+    assert (facts.hidden_size, facts.ffn_hidden_size) == (meta["hidden_size"], meta["ffn_hidden_size"])
 
 
 def test_real_b200_trace():

@@ -36,10 +36,13 @@ def copy_run(src: str, dst) -> str:
 
 
 def summaries_alone(run: str, dst) -> str:
+    """What a user copies off the cluster: the summaries, diag_run.json and the Flight Recorder's dumps."""
     os.makedirs(dst)
     for n in os.listdir(run):
         if n.endswith(SUFFIX) or n == "diag_run.json":
             shutil.copy(os.path.join(run, n), dst)
+    if os.path.isdir(os.path.join(run, "flightrec")):
+        shutil.copytree(os.path.join(run, "flightrec"), os.path.join(dst, "flightrec"))
     return str(dst)
 
 
@@ -190,6 +193,7 @@ def test_out_dir_takes_the_run_metadata_along(tmp_path):
     out = tmp_path / "sums"
     assert cli("summarize", run, "-o", out)[0] == 0
     assert (out / "diag_run.json").exists() and not any(n.endswith(SUFFIX) for n in os.listdir(run))
+    assert sorted(os.listdir(out / "flightrec")) == sorted(os.listdir(os.path.join(run, "flightrec")))
     assert comparable(analysis(str(out))) == comparable(analysis(run))
 
 

@@ -164,17 +164,17 @@ def host_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     rows, step = w.rows[pick], w.step_index[pick]
     coll, group, size, nbytes = _facts(rt, rows)
     work = sig = None
+    if gloo.any():
+        work = link(rt, w.rows, rows)
+        nelems = comm_column(rt.comms.row, rt.comms.in_nelems, rows)
+        sig = np.where(nelems >= 0, nelems * SIG_OPS + coll, -1)    # the transfer's own, for matching
+        _take_issuer(rt, rows, work, coll, nbytes)   # before the labels: they name the issued op
     if gloo.any() and labels.any():
         axis = _pair_with_labels(t, rows, coll, nbytes, w.rows[labels])
     else:
         axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
         coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
         nbytes[nbytes < 0] = lbytes[nbytes < 0]
-    if gloo.any():
-        work = link(rt, w.rows, rows)
-        nelems = comm_column(rt.comms.row, rt.comms.in_nelems, rows)
-        sig = np.where(nelems >= 0, nelems * SIG_OPS + coll, -1)
-        _take_issuer(rt, rows, work, coll, nbytes)
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute, work, sig)
     implied_group_size(rc, rt.pg_config)
     return rc

@@ -34,7 +34,7 @@ def _rest_of_exposed(ranks: list[RankResult], comm: CommAnalysis, n: int, add) -
     rest = rank_mean - axes
     add("exposed communication not joined to an axis", rest,
         f"the ranks' mean exposed communication ({rank_mean * 1e3:,.2f} ms) less the rows per axis "
-        f"({axes * 1e3:,.2f} ms)", FindingKind.COMM)
+        f"({axes * 1e3:,.2f} ms)", FindingKind.COMM, small_too=True)
 
 
 def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Finding]:
@@ -45,9 +45,12 @@ def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Find
     unit = "per step" if steps else "in the window (no ProfilerStep marks)"
     out: list[Finding] = []
 
-    def add(what: str, seconds: float, detail: str, kind: FindingKind, ranks: Optional[list] = None) -> None:
+    def add(what: str, seconds: float, detail: str, kind: FindingKind, ranks: Optional[list] = None,
+            small_too: bool = False) -> None:
+        """small_too: kept under MIN_SHARE (the communication rows partition the exposed time: drop one
+        and they no longer add up to the ranks' exposed communication)."""
         share = seconds / step_s if step_s else None
-        if seconds > 0 and (share is None or share >= MIN_SHARE):
+        if seconds > 0 and (share is None or share >= MIN_SHARE or small_too):
             out.append(Finding(what, seconds, share, detail, kind, list(ranks or [])))
 
     idle = float(np.mean([r.breakdown.idle_s for r in ranks])) / n
@@ -64,7 +67,7 @@ def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Find
             label = "communication (axis unknown)" if a.axis == "unknown" else f"exposed {a.axis.upper()} communication"
             hidden = f"{100 * a.hidden_ratio:.0f}% hidden behind compute" if a.hidden_ratio is not None else ""
             add(label, a.exposed_per_step_s if a.exposed_per_step_s is not None else a.exposed_s,
-                f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}", FindingKind.COMM)
+                f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}", FindingKind.COMM, small_too=True)
         _rest_of_exposed(ranks, comm, n, add)
         for s in comm.stragglers:
             waited = _others_wait(comm, s.ranks)

@@ -9,8 +9,8 @@ Every task lists the same files (sorted) and takes its share, file i going to ta
 and its own index read from the launcher's environment (SLURM_NTASKS / SLURM_PROCID under srun,
 WORLD_SIZE / RANK under torchrun) or given with --shard I/N. Within a task the files are spread
 over the cores. `diag analyze DIR` then reads the summaries instead of the traces, so the merge
-of a 1,024-rank job takes seconds on a laptop; copy the `*.diagsum` files (and diag_run.json)
-to analyse without the traces. With --dask ADDRESS (or `--dask local`) the files are summarised
+of a 1,024-rank job takes seconds on a laptop; copy the `*.diagsum` files (and diag_run.json, and
+the Flight Recorder's dumps; `-o DIR` takes them along) to analyse without the traces. With --dask ADDRESS (or `--dask local`) the files are summarised
 on a Dask cluster instead (the `cluster` extra).
 
 Exit codes: 0 every file of this task summarised (or already up to date); 1 some traces could not
@@ -31,6 +31,7 @@ from ..analysis import summary_file
 from ..analysis.collect import summarize_file
 from ..analysis.rankpass import KEEP_KERNELS
 from ..trace.errors import TraceError
+from ..trace.flightrec import DUMP_FOLDERS, dump_files
 from ..trace import discover
 from ..trace.job import each_file
 from ..trace.read import file_size
@@ -85,15 +86,18 @@ RUN_FILES = ("diag_run.json", "diag_bench.json")
 
 
 def _copy_run_files(paths, out_dir: str) -> None:
-    """The run's metadata goes with the summaries, so the out dir can be analysed on its own."""
+    """The run's metadata and its Flight Recorder dumps (small: one ring buffer per rank) go with
+    the summaries, so the out dir can be analysed on its own."""
     for p in paths:
         d = p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p))
-        for name in RUN_FILES:
-            src, dst = os.path.join(d, name), os.path.join(out_dir, name)
+        todo = [(os.path.join(d, name), os.path.join(out_dir, name)) for name in RUN_FILES]
+        todo += [(src, os.path.join(out_dir, DUMP_FOLDERS[0], os.path.basename(src))) for src in dump_files(d)]
+        for src, dst in todo:
             if os.path.isfile(src) and not os.path.lexists(dst):      # a planted link is not followed
                 try:
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
                     atomic_write(dst, read_regular(src))
-                except TraceError as e:
+                except (TraceError, OSError) as e:
                     click.echo(f"diag: {e}", err=True)
 
 

@@ -55,6 +55,19 @@ def _nbytes(arg) -> int:
     return 0
 
 
+def message_bytes(namespace: str, op: str, args, n: int) -> int:
+    """S as nccl-tests counts it, the size diag reads from the traces (diag.analysis.bandwidth.
+    message_bytes): an all_gather's whole output, a reduce_scatter's whole input, else the buffer
+    handed over. `c10d.*` ops are given output and input (the larger is the whole); a functional
+    all_gather only its input (this rank's share: times n)."""
+    sizes = [_nbytes(a) for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
+    if not sizes:
+        return 0
+    if op == "all_gather" and namespace == "_c10d_functional":
+        return sizes[0] * n
+    return max(sizes) if op in ("all_gather", "reduce_scatter") else sizes[0]
+
+
 class CommTap(TorchDispatchMode):
     """Active around training; `groups` maps a process-group name to (axis, member ranks)."""
 
@@ -76,7 +89,7 @@ class CommTap(TorchDispatchMode):
         if group is None:
             return func(*args, **kwargs)
         axis, ranks = group
-        return self.comm.launched(op, axis, ranks, _nbytes(args[0]),
+        return self.comm.launched(op, axis, ranks, message_bytes(func.namespace, op, args, len(ranks)),
                                   lambda: func(*args, **kwargs), self._wait_key)
 
     def _group(self, args, kwargs):
