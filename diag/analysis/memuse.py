@@ -24,6 +24,14 @@ from .results import MemoryCurve, MemoryUsage, RankPeak
 from .steps import Window
 
 CURVE_POINTS = 300
+# The CPU allocator's total in the profiler starts at zero when the profiler does (c10's
+# ProfiledCPUMemoryReporter counts only blocks it saw allocated); CUDA's caching allocator reports
+# its own running total, everything the process holds on the device.
+GPU_OR_GIVEN = ("a GPU run's trace with profile_memory=True, or diag_run.json's peak_memory_bytes, would make "
+                "the peak known")
+CPU_LOWER_BOUND = ("the CPU allocator's total in a trace counts only what was allocated while the profiler "
+                   "recorded, not the weights and optimizer states made before: a lower bound, not used to "
+                   "calibrate the memory model")
 HOW_TO_MEASURE = ("record the trace with torch.profiler's profile_memory=True (its `[memory]` events), "
                   "or give the peak in diag_run.json's peak_memory_bytes (the instrumented trainer writes it on GPU)")
 
@@ -102,15 +110,17 @@ def memory_usage(ranks: list[tuple[int, RankMemory]], stage_of, given_peak: Opti
     (diag_run.json, ...) when there is one, else the largest peak the traces measured.
     stage_of(rank) -> pp stage or None."""
     peaks = [RankPeak(rank=r, stage=stage_of(r), peak_bytes=m.peak_bytes if m.peak_bytes >= 0 else None,
-                      device=m.device, events=m.events, why=m.why) for r, m in ranks]
-    measured = [p.peak_bytes for p in peaks if p.peak_bytes is not None]
+                      device=m.device, events=m.events, why=m.why, lower_bound=m.device == "CPU" and m.peak_bytes >= 0)
+             for r, m in ranks]
+    measured = [p.peak_bytes for p in peaks if p.peak_bytes is not None and not p.lower_bound]
     if given_peak:
         peak, source = given_peak, given_source
     elif measured:
         peak, source = max(measured), "trace memory events"
     else:
         peak, source = None, None
-    whys = sorted({p.why for p in peaks if p.why})
+    whys = sorted({p.why for p in peaks if p.why} | ({CPU_LOWER_BOUND + "; " + GPU_OR_GIVEN}
+                                                      if any(p.lower_bound for p in peaks) else set()))
     out = MemoryUsage(peak_source=source, ranks=peaks, curves=_curves(ranks, stage_of),
                       unknown=None if peak else ("; ".join(whys) or "no rank analysed: " + HOW_TO_MEASURE))
     return out, peak

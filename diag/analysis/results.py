@@ -313,6 +313,7 @@ class RankPeak:
     device: Optional[str]              # whose allocator: "GPU 0", "CPU"
     events: int                        # memory events of that device in the window
     why: Optional[str] = None          # why peak_bytes is unknown
+    lower_bound: bool = False          # the CPU allocator counts only what was allocated while profiling
 
 
 @dataclass
