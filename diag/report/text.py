@@ -81,7 +81,7 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
     if d.memory is not None:
         _print_table(con, "Measured peak memory", MEMORY_HEADER, memory_rows(d), memory_caption(d.memory))
         for line in memory_lines(d):
-            con.print(line, soft_wrap=True, markup=False)
+            con.print(line, markup=False)
         con.print()
     if d.comm:
         _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
