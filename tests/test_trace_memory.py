@@ -199,3 +199,15 @@ def test_the_dashboard_memory_page_says_why_it_is_empty(tmp_path, monkeypatch):
     shutil.copytree(os.path.join(DATA, "gloo_cpu_only_rank34"), tmp_path / "gloo")
     at = app(tmp_path, monkeypatch, "memory", run="gloo")
     assert len(at.info) == 1 and "no memory curve" in at.info[0].value and "profile" in at.info[0].value
+
+
+def test_a_big_job_shows_one_row_per_stage_its_largest_rank():
+    from types import SimpleNamespace
+
+    from diag.analysis.results import MemoryUsage, RankPeak
+    from diag.report.memfmt import memory_rows
+
+    peaks = [RankPeak(rank=r, stage=r // 10, peak_bytes=(r + 1) << 20, device="GPU 0", events=3) for r in range(20)]
+    peaks[15] = RankPeak(rank=15, stage=1, peak_bytes=None, device="GPU 0", events=0, why="none on the GPU")
+    rows = memory_rows(SimpleNamespace(memory=MemoryUsage(peak_source="trace memory events", ranks=peaks)))
+    assert rows == [["10 ranks", "0", "GPU 0", "10.0", "30"], ["10 ranks", "1", "GPU 0", "20.0", "27"]]

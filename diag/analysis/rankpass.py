@@ -4,10 +4,9 @@ Everything `diagnose` needs of a rank that does not depend on the other ranks is
 here, from that rank's trace alone: its breakdown, overlap, steps and top kernels
 (RankResult), its communication instances with their exposure (RankComms), the inputs of its
 pipeline-Gantt row (GanttInput) and its measured memory (RankMemory). The merge (diagnose)
-combines the summaries of all ranks
-and never looks at a trace again, so a summary can be computed anywhere: in a worker process,
-on the node that wrote the trace (`diag summarize`), or by the trainer itself when its profiler
-finishes. Summaries are about 150 times smaller than their traces (see summary_file).
+combines the summaries of all ranks and never looks at a trace again, so a summary can be
+computed anywhere: in a worker process, on the node that wrote the trace (`diag summarize`), or
+by the trainer itself when its profiler finishes. Summaries are about 150 times smaller than their traces (see summary_file).
 """
 from __future__ import annotations
 
