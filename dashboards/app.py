@@ -21,7 +21,7 @@ import ui  # noqa: E402
 # No page icons: Streamlit makes the current page's icon the favicon and fetches it from the
 # web, which fails offline (and leaks that someone looks at a dashboard).
 PAGES = [("overview", "Overview"), ("communication", "Communication"), ("pipeline", "Pipeline"),
-         ("ranks", "Ranks"), ("recommendations", "Recommendations"), ("compare", "Compare")]
+         ("memory", "Memory"), ("ranks", "Ranks"), ("recommendations", "Recommendations"), ("compare", "Compare")]
 
 st.set_page_config(page_title="diag dashboard", layout="wide")
 nav = st.navigation([st.Page(f"views/{f}.py", title=t, default=(f == "overview")) for f, t in PAGES])

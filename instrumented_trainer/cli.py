@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-wait", type=int, default=1)
     g.add_argument("--profile-warmup", type=int, default=1)
     g.add_argument("--profile-active", type=int, default=2)
+    g.add_argument("--profile-memory", action=argparse.BooleanOptionalAction, default=False,
+                   help="record every allocation and free (torch.profiler profile_memory): diag's measured "
+                        "peak memory per rank and its curve over time; larger traces")
     g.add_argument("--trace-summary", action=argparse.BooleanOptionalAction, default=True,
                    help="each rank summarises its own trace when the profiler finishes (an idle-class "
                         "`diag summarize` subprocess), so `diag analyze` need not parse it again")
@@ -128,6 +131,7 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                   profile_wait=args.profile_wait,
                                   profile_warmup=args.profile_warmup,
                                   profile_active=args.profile_active,
+                                  profile_memory=args.profile_memory,
                                   trace_summary=args.trace_summary,
                                   metrics=args.metrics, metrics_interval=args.metrics_interval,
                                   comm_log=args.comm_log,

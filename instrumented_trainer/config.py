@@ -210,6 +210,7 @@ class TelemetryConfig:
     profile_wait: int = 1
     profile_warmup: int = 1
     profile_active: int = 2
+    profile_memory: bool = False  # the profiler's [memory] events: diag's measured peak and memory curve
     trace_summary: bool = True  # each rank summarises its trace (`diag summarize`) when written
     metrics: bool = True
     metrics_interval: float = 1.0

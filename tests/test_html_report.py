@@ -41,8 +41,9 @@ def test_cli_writes_a_self_contained_report(tmp_path):
     # plotly.js inlined, nothing loaded from elsewhere
     assert f"* plotly.js v{get_plotlyjs_version()}" in page
     assert not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=", page)
-    # breakdown, axis exposure, busbw, step heatmap, wait heatmap, and the pipeline Gantt
-    assert _charts(page) == 6
+    # breakdown, axis exposure, busbw, step heatmap, wait heatmap, the pipeline Gantt, memory over time
+    # (empty: no memory events; it says why) and the memory model's parts
+    assert _charts(page) == 8
 
 
 def test_report_holds_the_diagnosis_numbers():
@@ -56,7 +57,7 @@ def test_report_holds_the_diagnosis_numbers():
         row == rank_step(by_rank[row.rank], step=row.step, grid=grid, min_idle_fraction=0.002)
         for row in d.gantt.rows)
     page = render_html(d, d.gantt)
-    assert _charts(page) == 6        # and the pipeline Gantt
+    assert _charts(page) == 8        # and the pipeline Gantt, the memory curve and the memory model's parts
     assert f"step {d.throughput.step_time_s * 1e3:,.1f} ms" in page
     for r in d.ranks:
         assert f"<td>{r.rank}</td><td>{r.step_time_s * 1e3:,.1f}</td>" in page

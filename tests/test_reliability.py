@@ -130,7 +130,7 @@ def test_an_impossible_rank_in_a_summary_is_unknown_with_a_note(run, rank):
 def test_an_old_summary_version_is_named(run):
     path = os.path.join(run, _traces(run)[0] + SUFFIX)
     open(path, "wb").write(msgspec.msgpack.encode({"format": summary_file.FORMAT, "version": 3}))
-    with pytest.raises(TraceError, match="version 3, this diag reads 4"):
+    with pytest.raises(TraceError, match=f"version 3, this diag reads {summary_file.VERSION}"):
         summary_file.read(path)
 
 

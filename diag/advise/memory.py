@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from ..analysis.results import MemoryParts
 from ..analysis.throughput import gpt_params
 from ..hardware import device_memory
 
@@ -177,6 +178,15 @@ class MemoryModel:
                        f"{human(static)} of weights, gradients and optimizer states, over the modelled "
                        f"{human(e.activations)}")
         return model
+
+    def parts(self, lay: MemoryConfig) -> list[MemoryParts]:
+        """What each stage's peak is made of under lay, activations as calibrated."""
+        out = []
+        for st in range(lay.pp):
+            e = rank_estimate(self.shape, lay, st, self.scale)
+            out.append(MemoryParts(stage=st, weights=e.weights, grads=e.grads, optimizer=e.optimizer,
+                                   activations=e.activations * e.scale, total=e.total))
+        return out
 
     def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:
         """lay as it is if it fits, else with the cheapest levers that make it fit (FITTING_LEVERS,

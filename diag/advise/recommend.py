@@ -42,7 +42,9 @@ def advise(d: Diagnosis) -> Advice:
         nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "
                    "every candidate change under 2% of the step (thresholds: docs/recommendations.md)")
     return Advice(recommendations=recs, calibration=notes, model_step_s=cal.model_step_s if cal else None,
-                  measured_step_s=step, nothing=nothing)
+                  measured_step_s=step, nothing=nothing,
+                  memory_parts=memory.parts(mem_config) if memory is not None else [],
+                  memory_basis=memory.basis if memory is not None else mem_notes[0])
 
 
 def with_advice(d: Diagnosis) -> Diagnosis:
@@ -57,4 +59,6 @@ def with_advice(d: Diagnosis) -> Diagnosis:
     d.recommendations = a.recommendations
     d.advice_basis = Basis(calibration=a.calibration, model_step_s=a.model_step_s,
                            measured_step_s=a.measured_step_s, nothing=a.nothing)
+    if d.memory is not None:
+        d.memory.model, d.memory.model_basis = a.memory_parts, a.memory_basis
     return d

@@ -81,6 +81,8 @@ class Advice:
     model_step_s: Optional[float] = None                   # the model's step time for the measured config
     measured_step_s: Optional[float] = None
     nothing: Optional[str] = None                          # why nothing is recommended, when nothing is
+    memory_parts: list = field(default_factory=list)       # analysis.results.MemoryParts per stage, measured config
+    memory_basis: Optional[str] = None                     # the memory model's calibration, or why there is none
 
     @classmethod
     def of(cls, d) -> "Advice":

@@ -133,8 +133,9 @@ def _traced(d: Diagnosis) -> list:
 
 
 def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
-    """The run's measured peak memory per rank (the largest): diag_run.json's peak_memory_bytes,
-    else the largest `peak_memory_bytes` of the trainer's steps.jsonl; None when neither says."""
+    """The run's measured peak memory per rank (the largest): the Diagnosis's (diag_run.json's
+    peak_memory_bytes, else the traces' GPU memory events: d.memory.peak_source), else the largest
+    `peak_memory_bytes` of the trainer's steps.jsonl; None when none says."""
     if d.facts.peak_memory_bytes:
         return float(d.facts.peak_memory_bytes)
     try:

@@ -19,10 +19,11 @@ from .findings import findings
 from .gloogroups import join_groups
 from .gantt import pipeline_gantt
 from .matching import match
+from .memuse import memory_usage
 from .pipeline import pipeline
 from .rates import throughput
 from .rankpass import RankSummary, summarize
-from .results import CommAnalysis, Diagnosis, Problem, RankResult
+from .results import CommAnalysis, Diagnosis, MemoryUsage, Problem, RankResult
 from .stragglers import cannot_tell, collective_stragglers, rank_hosts, step_stragglers
 
 
@@ -106,6 +107,19 @@ def _with_layout(meta: RunFacts, grid: JobLayout) -> RunFacts:
     return msgspec.structs.replace(meta, **sizes)
 
 
+def _measured_memory(job: Job, summaries: list[RankSummary], grid: JobLayout,
+                     meta: RunFacts) -> tuple[MemoryUsage, RunFacts]:
+    """The measured memory per rank (memuse), and the facts with the job's peak: as given
+    (diag_run.json first), else the largest the traces' memory events measured, said so."""
+    given = meta.peak_memory_bytes
+    source = None if not given else "diag_run.json" if job.run_meta and job.run_meta.peak_memory_bytes \
+        else "--config or the flags"
+    usage, peak = memory_usage([(s.result.rank, s.memory) for s in summaries], grid.stage, given, source)
+    if peak and not given:
+        meta = msgspec.structs.replace(meta, peak_memory_bytes=peak)
+    return usage, meta
+
+
 def _smaller_groups(summaries: list[RankSummary], world: Optional[int]) -> bool:
     """Does any rank belong to a process group smaller than the world?"""
     return any(len(ranks) < (world or 0) for s in summaries for _, _, ranks in s.pg_config)
@@ -136,6 +150,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     meta, shape_notes = _shape_from_trace(summaries, meta, grid)
     notes += grid.notes + shape_notes
     meta = _with_layout(meta, grid)
+    memory, meta = _measured_memory(job, summaries, grid, meta)
     ranks = [s.result for s in summaries]
     comms = [s.comms for s in summaries]
     for rc in comms:
@@ -154,5 +169,6 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         other_runs=job.other_runs, notes=notes, run=job.run_meta, layout=grid.describe(), facts=meta,
         layout_dims=[[a, n] for a, n in grid.layout.dims] if grid.layout is not None else None, comm=ca, findings=findings(ranks, ca),
         pipeline=pipeline(grid, meta, summaries), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
+    d.memory = memory
     d.gantt = pipeline_gantt([(s.gantt, s.comms) for s in summaries], grid)
     return d

@@ -2,16 +2,15 @@
 
 Everything `diagnose` needs of a rank that does not depend on the other ranks is computed
 here, from that rank's trace alone: its breakdown, overlap, steps and top kernels
-(RankResult), its communication instances with their exposure (RankComms), and the inputs of
-its pipeline-Gantt row (GanttInput). The merge (diagnose) combines the summaries of all ranks
-and never looks at a trace again, so a summary can be computed anywhere: in a worker process,
-on the node that wrote the trace (`diag summarize`), or by the trainer itself when its profiler
-finishes. Summaries are about 150 times smaller than their traces (see summary_file).
+(RankResult), its communication instances with their exposure (RankComms), the inputs of its
+pipeline-Gantt row (GanttInput) and its measured memory (RankMemory). The merge (diagnose)
+combines the summaries of all ranks and never looks at a trace again, so a summary can be
+computed anywhere: in a worker process, on the node that wrote the trace (`diag summarize`), or
+by the trainer itself when its profiler finishes. Summaries are about 150 times smaller than their traces (see summary_file).
 """
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,6 +21,7 @@ from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, gpu_comms, host_comms
 from .gantt import GanttInput, gantt_input
 from .kernels import top_kernels
+from .memuse import RankMemory, compute_device, rank_memory
 from .layoutfind import compact_pg_config
 from .ppschedule import PPTrace, read_rank
 from .results import RankResult, StepTime
@@ -52,6 +52,7 @@ class RankSummary:
     pp: PPTrace = field(default_factory=PPTrace)    # its pipeline actions and p2p waits (ppschedule)
     gemms: list = field(default_factory=list)       # [[op, input dims, count]]: shapes.infer_shape's input
     dtensor: bool = False                           # GEMMs dispatched by DTensor: their shapes are global
+    memory: RankMemory = field(default_factory=RankMemory)   # measured peak and curve (memuse)
 
     def set_rank(self, rank: int) -> None:
         """The rank a trace without distributedInfo is shown as (chosen by the merge)."""
@@ -65,11 +66,9 @@ class RankSummary:
 
 
 def device_name(rt: RankTrace) -> Optional[str]:
-    t = rt.events
-    gpu = t.device[t.gpu_mask()]
-    if gpu.size == 0:
+    dev = compute_device(rt)
+    if dev is None:
         return None
-    dev = int(Counter(gpu.tolist()).most_common(1)[0][0])
     for d in rt.devices:
         if isinstance(d, dict) and d.get("id") == dev and isinstance(d.get("name"), str):
             return d["name"]
@@ -107,4 +106,4 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
                        gantt=gantt_input(rt, w, timeline, sets.compute),
                        pg_config=compact_pg_config(rt.pg_config), pp=read_rank(rt, w, timeline, comms),
                        gemms=[[op, [list(d) for d in dims], int(n)] for (op, dims), n in rt.gemms.items()],
-                       dtensor=bool(t.name_mask(DTENSOR_RE.match).any()))
+                       dtensor=bool(t.name_mask(DTENSOR_RE.match).any()), memory=rank_memory(rt, w, timeline))

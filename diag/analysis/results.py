@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.3"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder
+SCHEMA_VERSION = "1.4"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory
 
 
 @dataclass
@@ -121,6 +121,7 @@ class Diagnosis:
     advice_basis: Optional[object] = None  # diag.advise.results.Basis: what they rest on (set with them)
     gantt: Optional[object] = None        # analysis.gantt.PipelineGantt: one step of every stage
     flight_recorder: Optional["FlightRecord"] = None   # analysis.frresults: hang and timings from FR dumps
+    memory: Optional["MemoryUsage"] = None   # measured peak per rank and over time (analysis.memuse)
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 
@@ -300,3 +301,51 @@ class Throughput:
     peak_source: Optional[str]
     convention: str = "model FLOPs = 6·N·tokens + 12·L·h·s·tokens (PaLM / torchtitan), N without input embedding"
     unknown: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RankPeak:
+    """One rank's peak memory as its trace's memory events measured it."""
+
+    rank: int
+    stage: Optional[int]               # pp rank; None when the layout is unknown
+    peak_bytes: Optional[int]          # the largest `Total Allocated` in the window; None: unknown (why)
+    device: Optional[str]              # whose allocator: "GPU 0", "CPU"
+    events: int                        # memory events of that device in the window
+    why: Optional[str] = None          # why peak_bytes is unknown
+    lower_bound: bool = False          # the CPU allocator counts only what was allocated while profiling
+
+
+@dataclass
+class MemoryCurve:
+    """Allocated bytes over time on one rank: one line per pipeline stage in the charts."""
+
+    stage: Optional[int]               # None: the layout is unknown, the rank stands for the job
+    rank: int                          # the stage's rank with the highest peak
+    t_s: list[float]                   # seconds after the rank's first step starts (or first memory event)
+    allocated_bytes: list[int]         # the largest `Total Allocated` in each time bucket: the peak is a point
+
+
+@dataclass
+class MemoryParts:
+    """What the memory model (diag.advise.memory) says one stage's peak is made of, bytes."""
+
+    stage: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float                 # calibrated: the model's activations x its scale
+    total: float
+
+
+@dataclass
+class MemoryUsage:
+    """Measured memory: the peak per rank, its curve per stage, and where the job's peak
+    (facts.peak_memory_bytes, what the memory model is calibrated on) came from."""
+
+    peak_source: Optional[str]         # "diag_run.json", "trace memory events", ...; None: unknown
+    ranks: list[RankPeak] = field(default_factory=list)
+    curves: list[MemoryCurve] = field(default_factory=list)
+    unknown: Optional[str] = None      # why the peak is not known: what would make it known
+    model: list[MemoryParts] = field(default_factory=list)   # per stage, set with the recommendations
+    model_basis: Optional[str] = None  # how the model was calibrated, or why it was not

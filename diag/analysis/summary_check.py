@@ -20,7 +20,7 @@ from .ppschedule import ACTIONS
 
 _RANK_MAX = (1 << 31) - 1                      # ranks live in int32 columns
 _BOOL_ARRAYS = {"fsdp", "sure"}
-_NONNEG_ARRAYS = {"dur_ns", "exposed_ns", "host_ns", "group_size"}
+_NONNEG_ARRAYS = {"dur_ns", "exposed_ns", "host_ns", "group_size", "t_ns", "allocated"}
 _FRACTIONS = {"share", "ratio"}
 # Arrays of codes: [low, high) of what the merge indexes or converts with them.
 _CODES = {"coll": (min(Coll), max(Coll) + 1), "axis": (-1, len(AXES)), "act_kind": (0, len(ACTIONS)),
@@ -33,6 +33,7 @@ def check_values(path: str, s) -> None:
     rank or world size becomes unknown, with a note in the rank's result."""
     _walk(path, s, "summary")
     _check_breakdown(path, s.result.breakdown)
+    _check_memory(path, s.memory)
     p2p = s.pp.p2p
     if p2p.wait_op.size and not (0 <= int(p2p.wait_op.min()) and int(p2p.wait_op.max()) < p2p.peer.size):
         raise TraceError(path, "corrupt summary: summary.pp.p2p.wait_op points past its ops")
@@ -92,3 +93,21 @@ def _check_breakdown(path: str, b) -> None:
     if abs(parts - b.span_s) > _TOL * max(1.0, b.span_s):
         raise TraceError(path, f"corrupt summary: its breakdown's parts add up to {parts:.6g} s, "
                                f"its span is {b.span_s:.6g} s")
+
+
+def _check_memory(path: str, m) -> None:
+    """A measured peak is the largest point of its curve, a curve runs forward in time, and an
+    unknown peak (-1) has no curve and says why."""
+    bad = None
+    if m.t_ns.size != m.allocated.size:
+        bad = "its memory curve's columns differ in length"
+    elif m.t_ns.size > 1 and bool((m.t_ns[1:] < m.t_ns[:-1]).any()):
+        bad = "its memory curve runs backwards in time"
+    elif m.events < 0 or m.peak_bytes < -1 or m.events < m.t_ns.size:
+        bad = f"its memory events ({m.events}) or peak ({m.peak_bytes}) are not possible"
+    elif m.peak_bytes == -1 and (m.t_ns.size or not m.why):
+        bad = "its memory peak is unknown but it has a curve, or no reason"
+    elif m.peak_bytes >= 0 and (not m.allocated.size or int(m.allocated.max()) != m.peak_bytes):
+        bad = "its memory peak is not the largest point of its curve"
+    if bad:
+        raise TraceError(path, f"corrupt summary: {bad}")

@@ -12,7 +12,8 @@ from typing import Optional
 
 from ..analysis.gantt import PipelineGantt
 from ..analysis.results import Diagnosis
-from . import charts
+from . import charts, memcharts
+from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, GANTT_LEGEND, KERNEL_HEADER, OPS_HEADER,
                   PIPE_HEADER, RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline,
                   kernel_rows, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row, straggler_lines,
@@ -25,7 +26,7 @@ th{background:#f4f4f4}caption{caption-side:bottom;font-size:.85em;color:#666;tex
 pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.5em}
 .note{color:#555;font-size:.9em}.straggler{color:#b00020}nav a{margin-right:1em}h2{margin-top:1.6em}"""
 _SECTIONS = (("overview", "Overview"), ("communication", "Communication"), ("pipeline", "Pipeline"),
-             ("ranks", "Ranks"), ("recommendations", "Recommendations"))
+             ("memory", "Memory"), ("ranks", "Ranks"), ("recommendations", "Recommendations"))
 
 
 def _e(s: object) -> str:
@@ -77,6 +78,17 @@ def _pipeline(d: Diagnosis, gantt: Optional[PipelineGantt]) -> list[str]:
     return out
 
 
+def _memory(d: Diagnosis) -> list[str]:
+    out = [f"<p>{_e(line)}</p>" for line in memory_lines(d)]
+    if d.memory is not None and memory_rows(d):
+        out.append(table(MEMORY_HEADER, memory_rows(d), memory_caption(d.memory)))
+    why = memcharts.memory_why_empty(d)
+    out += ([f"<p class='note'>{_e(why)}</p>"] if why else []) + [_figure(memcharts.memory_curves(d))]
+    if d.memory is not None and d.memory.model:
+        out.append(_figure(memcharts.memory_model_bars(d)))
+    return out
+
+
 def _why(empty: dict, chart: str) -> list[str]:
     """Why the next chart is empty or partly blank (charts.why_empty), when it is."""
     return [f"<p class='note'>{_e(empty[chart])}</p>"] if chart in empty else []
@@ -120,7 +132,7 @@ def render_html(d: Diagnosis, gantt: Optional[PipelineGantt] = None, title: str 
     body += [f"<p class='note'>problem: {_e(p.file)}: {_e(p.problem)}</p>" for p in d.problems]
     body += [f"<p class='note'>note: {_e(n)}</p>" for n in d.notes]
     builders = {"overview": lambda: _overview(d), "communication": lambda: _communication(d),
-                "pipeline": lambda: _pipeline(d, gantt), "ranks": lambda: _ranks(d),
+                "pipeline": lambda: _pipeline(d, gantt), "memory": lambda: _memory(d), "ranks": lambda: _ranks(d),
                 "recommendations": lambda: _recommendations(d)}
     for key, name in _SECTIONS:
         body += [f"<h2 id='{key}'>{name}</h2>", *builders[key]()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .escape import md_code, md_text
+from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
                   axis_rows, finding_rows, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
@@ -39,6 +40,10 @@ def render_markdown(d: Diagnosis) -> str:
     if d.pipeline:
         lines += ["## Pipeline bubble per stage", ""] + _table(PIPE_HEADER, pipeline_rows(d))
         lines += ["", f"_{md_text(pipeline_caption(d))}_", ""]
+    if d.memory is not None:
+        lines += ["## Memory", ""] + [f"- {md_text(line.strip())}" for line in memory_lines(d)] + [""]
+        if memory_rows(d):
+            lines += _table(MEMORY_HEADER, memory_rows(d)) + ["", f"_{md_text(memory_caption(d.memory))}_", ""]
     if d.comm:
         lines += ["## Communication by parallel axis", ""] + _table(AXIS_HEADER, axis_rows(d)) + [""]
         lines += ["## Collectives by axis, op and message size", ""] + _table(OPS_HEADER, op_rows(d))

@@ -15,6 +15,7 @@ from rich.table import Table
 from ..analysis.results import Diagnosis
 from .advice import recommendation_lines
 from .escape import terminal
+from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, KERNEL_HEADER, OPS_HEADER, PIPE_HEADER,
                   RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline, kernel_rows,
@@ -77,6 +78,11 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
                  RANK_LEGEND + "\nWindow: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})))
     if d.pipeline:
         _print_table(con, "Pipeline bubble per stage", PIPE_HEADER, pipeline_rows(d), pipeline_caption(d))
+    if d.memory is not None:
+        _print_table(con, "Measured peak memory", MEMORY_HEADER, memory_rows(d), memory_caption(d.memory))
+        for line in memory_lines(d):
+            con.print(line, markup=False)
+        con.print()
     if d.comm:
         _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
         _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), ops_legend(d))

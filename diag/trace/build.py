@@ -18,6 +18,7 @@ from .chunks import ChunkCols, chunk_columns, parallel_chunks
 from .columns import num_column
 from .commtable import comm_table, host_comm_mask, pg_ranks_of
 from .errors import TraceError
+from .memevents import memory_table
 from .symbols import SymbolTable
 from .table import EventTable, RankTrace
 
@@ -35,6 +36,7 @@ class _Parts:
     meta: list = field(default_factory=list)           # metadata ("M") events
     skipped: dict = field(default_factory=dict)
     gemms: Counter = field(default_factory=Counter)    # (op, input dims) -> count
+    memory: dict = field(default_factory=dict)         # `[memory]` column name -> list of arrays
     rows: int = 0
 
     def add(self, **arrays) -> None:
@@ -51,6 +53,8 @@ def _merge(parts: "_Parts", cc: ChunkCols) -> None:
     """Append a chunk's columns, mapping its local name and thread ids onto the rank's."""
     parts.meta.extend(cc.meta)
     parts.gemms.update(cc.gemms)
+    for k, v in cc.memory.items():
+        parts.memory.setdefault(k, []).append(v)
     for k, v in cc.skipped.items():
         parts.skipped[k] = parts.skipped.get(k, 0) + v
     if not cc.rows:
@@ -139,6 +143,9 @@ def build_rank(path: str, doc: schema.TraceFile, symbols: SymbolTable | None = N
     comms = comm_table(table, parts.args, host, pg_ranks_of(doc))
     rt = _rank_trace(path, doc, table, comms, parts.meta, parts.threads, parts.skipped)
     rt.gemms = dict(parts.gemms)
+    rt.memory, dropped = memory_table(parts.memory, table.t0_us, MAX_SPAN_US)
+    if dropped:
+        rt.skipped["memory events without a usable timestamp, device or allocator total"] = dropped
     return rt
 
 

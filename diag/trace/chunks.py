@@ -22,6 +22,7 @@ from . import schema
 from .columns import sparse_column
 from .commtable import host_comm_mask
 from .gemms import gemm_shapes
+from .memevents import chunk_memory
 from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_kind
 from .read import release
 from .symbols import SymbolTable
@@ -44,6 +45,7 @@ class ChunkCols:
     meta: list = field(default_factory=list)
     skipped: dict = field(default_factory=dict)
     gemms: Counter = field(default_factory=Counter)   # (op, input dims) -> count: gemms.gemm_shapes
+    memory: dict = field(default_factory=dict)        # `[memory]` instants' columns: memevents.chunk_memory
 
     @property
     def rows(self) -> int:
@@ -136,6 +138,8 @@ def _timed(chunk: list, out: ChunkCols, typed: bool) -> list:
         out.skipped[UNREADABLE] = unreadable
     if phases.get("M"):
         out.meta.extend(compress(chunk, map(eq, tags, repeat(m))))
+    if phases.get("i"):
+        out.memory = chunk_memory(list(compress(chunk, map(eq, tags, repeat(schema.InstantEvent if typed else "i")))))
     for ph, n in phases.items():
         if ph not in ("X", "M") and ph not in _LINK_PHASES:
             out.skipped[f"events of phase {ph!r} (not analysed)"] = n

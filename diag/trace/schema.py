@@ -78,12 +78,29 @@ class MetaEvent(msgspec.Struct, gc=False, tag="M", tag_field="ph"):
     args: msgspec.Raw = msgspec.Raw()
 
 
-# The other phases of the Chrome trace format: flows, instants, counters, async spans... Nothing
-# of them is analysed, so nothing is decoded but their phase (a third of Kineto's events are
-# flow arrows: building their fields cost a fifth of the decoding).
-PHASES = "BEiICbnestfPNODVvRc()"
+class InstantEvent(msgspec.Struct, gc=False, tag="i", tag_field="ph"):
+    """An instant ("i"): the profiler's `[memory]` allocator events (profile_memory=True) are
+    read (memevents); other instants are marks, nothing to report."""
+
+    name: Any = ""
+    ts: Any = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+class MemoryArgs(msgspec.Struct, gc=False):
+    """The args of a `[memory]` instant: the allocator's running total after the event."""
+
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    device_type: Any = msgspec.field(default=None, name="Device Type")     # c10::DeviceType: 0 CPU, 1 CUDA
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+
+
+# The other phases of the Chrome trace format: flows, counters, async spans... Nothing of them
+# is analysed, so nothing is decoded but their phase (a third of Kineto's events are flow
+# arrows: building their fields cost a fifth of the decoding).
+PHASES = "BEICbnestfPNODVvRc()"
 _OTHER = [msgspec.defstruct(f"Phase{ord(p)}", [], tag=p, tag_field="ph", gc=False) for p in PHASES]
-PHASE_OF = {TypedEvent: "X", MetaEvent: "M", **{cls: p for cls, p in zip(_OTHER, PHASES)}}
+PHASE_OF = {TypedEvent: "X", MetaEvent: "M", InstantEvent: "i", **{cls: p for cls, p in zip(_OTHER, PHASES)}}
 _TypedAny = Union[tuple(PHASE_OF)]
 
 
@@ -120,7 +137,6 @@ class TraceFile(msgspec.Struct):
     unreadable: list = msgspec.field(default_factory=list)   # HEADER_KEYS whose value could not be read
 
 
-_args_decoder = msgspec.json.Decoder(Args)
 _event_decoder = msgspec.json.Decoder(Event)
 _events_decoder = msgspec.json.Decoder(list[Event])
 _typed_decoder = msgspec.json.Decoder(list[_TypedAny])
@@ -134,28 +150,31 @@ _FOLIO = 2 << 20              # the largest page-cache folio a fault maps at onc
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
-def decode_args(raw) -> Args:
-    """Parse one event's args; malformed or non-object args read as empty (never fatal)."""
+def decode_args(raw, typ: type = Args):
+    """Parse one event's args (an Args, or typ); malformed or non-object args read as empty (never fatal)."""
     if not raw or raw == b"null":
-        return NO_ARGS
+        return _EMPTY[typ]
     try:
-        return _args_decoder.decode(raw)
+        return _one_decoder[typ].decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
-        return NO_ARGS
+        return _EMPTY[typ]
 
 
-_args_list_decoder = msgspec.json.Decoder(list[Union[Args, None]])
+_EMPTY = {Args: NO_ARGS, MemoryArgs: MemoryArgs()}
+_one_decoder = {t: msgspec.json.Decoder(t) for t in _EMPTY}
+_list_decoder = {t: msgspec.json.Decoder(list[Union[t, None]]) for t in _EMPTY}
 
 
-def decode_args_many(raws: list) -> list[Args]:
-    """Parse many events' args in one call; per event only if one of them is malformed."""
+def decode_args_many(raws: list, typ: type = Args) -> list:
+    """Parse many events' args (Args, or typ: MemoryArgs) in one call; per event only if one of
+    them is malformed."""
     if not raws:
         return []
     try:
-        out = _args_list_decoder.decode(b"[" + b",".join(r if len(r) else b"null" for r in raws) + b"]")
-        return [NO_ARGS if a is None else a for a in out]
+        out = _list_decoder[typ].decode(b"[" + b",".join(r if len(r) else b"null" for r in raws) + b"]")
+        return [_EMPTY[typ] if a is None else a for a in out]
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError, RecursionError, UnicodeDecodeError):
-        return [decode_args(r) for r in raws]
+        return [decode_args(r, typ) for r in raws]
 
 
 _NON_SPACE = re.compile(rb"\S")

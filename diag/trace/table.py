@@ -13,6 +13,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .kinds import GPU_ACTIVITY, Kind
+from .memevents import MemoryEvents
 from .symbols import SymbolTable
 
 
@@ -96,6 +97,7 @@ class RankTrace:
     skipped: dict = field(default_factory=dict)   # phase/problem -> count
     meta: dict[str, Any] = field(default_factory=dict)
     gemms: dict = field(default_factory=dict)     # (GEMM op, input dims) -> count (trace.gemms)
+    memory: MemoryEvents = field(default_factory=MemoryEvents)   # `[memory]` instants (trace.memevents)
 
     @property
     def has_gpu(self) -> bool:

@@ -93,6 +93,7 @@ class ProfilerSession:
                                                  active=self.cfg.profile_active, repeat=1),
                 on_trace_ready=self._export,
                 record_shapes=True,
+                profile_memory=self.cfg.profile_memory,
             )
             prof.__enter__()
             self.prof = prof
