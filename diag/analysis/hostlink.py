@@ -1,4 +1,5 @@
-"""Link GPU communication kernels to the host operations that launched them.
+"""Link GPU kernels to the host operations that launched them (communication kernels to their
+collective; a pipeline action's host span to the kernels it launched).
 
 Older traces carry no NCCL args on kernels: what the kernel moved, in which group, and
 for which parallel axis is only said on the host, by the ops enclosing its launch
@@ -61,3 +62,20 @@ def launches(t: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     src = lrows[order][pos[hit]]
     ts[hit], th[hit] = t.ts_ns[src], t.thread[src]
     return ts, th
+
+
+def kernel_spans(t: EventTable, rows: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host spans [start, end) on host threads -> the span of the GPU rows launched inside each
+    from its thread (first kernel start, last kernel end); -1, -1 where none was."""
+    lo, hi = np.full(start.size, -1, np.int64), np.full(start.size, -1, np.int64)
+    lts, lth = launches(t, rows)
+    for th in np.unique(thread).tolist():
+        mine, at = rows[lth == th], lts[lth == th]
+        order = np.argsort(at, kind="stable")
+        mine, at = mine[order], at[order]
+        for i in np.flatnonzero(thread == th).tolist():
+            a, b = np.searchsorted(at, [start[i], end[i]], side="left")
+            if b > a:
+                lo[i], hi[i] = int(t.ts_ns[mine[a:b]].min()), int(t.end_ns[mine[a:b]].max())
+    return lo, hi

@@ -171,23 +171,30 @@ def wait_heatmap(d: Diagnosis):
 
 
 def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
-    """One step of each stage: horizontal bars of forward/backward/optimizer, send/recv, idle."""
+    """One step of each stage: horizontal bars of forward/backward/optimizer, send/recv, idle; the
+    compute of a pipeline action labelled with it (F3, B3, F3.1) on its longest bar of the row."""
     go = _go()
     fig = go.Figure()
     def label(r) -> str:
         who = f"stage {r.stage} (rank {r.rank})" if r.stage is not None else f"rank {r.rank}"
-        return (f"{who}<br>send/recv {100 * r.total('send/recv') / r.step_s:.1f}%, "
+        of = (f"one of the stage's {1 + sum(o.stage == r.stage for o in g.others)} ranks; "
+              if r.stage is not None else "")
+        return (f"{who}<br>{of}send/recv {100 * r.total('send/recv') / r.step_s:.1f}%, "
                 f"gaps {100 * r.total('idle') / r.step_s:.1f}% of this step")
 
     names = {id(r): label(r) for r in g.rows}
+    shown = {id(s) for r in g.rows for s in _longest_per_label(r)}
     for kind in KINDS:
         segs = [(names[id(r)], s) for r in g.rows for s in r.segments if s.kind == kind]
         if segs:
             fig.add_trace(go.Bar(
                 name="gap" if kind == "idle" else kind, orientation="h", y=[y for y, _ in segs], x=[1e3 * (s.end_s - s.start_s) for _, s in segs],
                 base=[1e3 * s.start_s for _, s in segs], marker_color=COLORS[kind], marker_line_width=0,
-                hovertemplate=f"{kind}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
-    fig.update_layout(barmode="overlay", bargap=0.45)    # bars end 0.275 below their row: the ideal mark fits
+                text=[s.label if id(s) in shown else "" for _, s in segs], textposition="inside",
+                insidetextanchor="middle", customdata=[s.label or "" for _, s in segs],
+                hovertemplate=f"{kind} %{{customdata}}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
+    fig.update_layout(barmode="overlay", bargap=0.45,    # bars end 0.275 below their row: the ideal mark fits
+                      uniformtext=dict(minsize=8, mode="hide"))     # a label too big for its bar is left out
     fig.update_yaxes(autorange="reversed")
     if ideal_fraction is not None:
         _mark_ideal_bubble(fig, g, ideal_fraction)
@@ -197,6 +204,15 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
                   "", height=max(300, 90 * len(g.rows) + 180))
     fig.update_layout(legend=dict(y=-0.3))               # below the axis title
     return fig
+
+
+def _longest_per_label(r) -> list:
+    """The longest segment of each action label in a row: the one that carries the text."""
+    best: dict = {}
+    for s in r.segments:
+        if s.label and (s.label not in best or s.end_s - s.start_s > best[s.label].end_s - best[s.label].start_s):
+            best[s.label] = s
+    return list(best.values())
 
 
 def _mark_ideal_bubble(fig, g: PipelineGantt, ideal_fraction: float) -> None:
