@@ -161,12 +161,13 @@ def segments(parts: dict, lo: int, hi: int) -> list[Segment]:
 
 
 def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
-    """Idle gaps shorter than min_idle_s between two segments of one kind join the first (host traces
-    are gaps of microseconds between operators), then neighbours of one kind and label merge."""
+    """Idle gaps shorter than min_idle_s between two segments of one kind and label join them (host
+    traces are gaps of microseconds between operators), then neighbours of one kind and label merge.
+    A gap between two actions stays a gap: a label never reaches past its action."""
     out: list[Segment] = []
     for i, s in enumerate(segs):
         short_gap = (s.kind == "idle" and s.end_s - s.start_s < min_idle_s and 0 < i < len(segs) - 1
-                     and segs[i - 1].kind == segs[i + 1].kind)
+                     and (segs[i - 1].kind, segs[i - 1].label) == (segs[i + 1].kind, segs[i + 1].label))
         kind, label = (segs[i - 1].kind, segs[i - 1].label) if short_gap else (s.kind, s.label)
         if out and (out[-1].kind, out[-1].label) == (kind, label):
             out[-1].end_s = s.end_s
