@@ -192,16 +192,29 @@ def action_spans(pp: Optional[PPTrace], step: int, lo: int, hi: int, schedule: O
 def _labelled(parts: dict, spans: list[tuple]) -> dict:
     """kind -> intervals  =>  (kind, label) -> intervals: forward and backward compute cut at the
     actions' spans (an instant under two spans goes to the earlier), the rest unlabelled."""
+    if not spans:
+        return {(kind, None): v for kind, v in parts.items()}
+    lo = np.array([a for a, _, _ in spans], np.int64)
+    hi = np.array([b for _, b, _ in spans], np.int64)
+    lo = np.maximum(lo, np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(hi)[:-1]]))
+    keep = hi > lo                                   # disjoint now: a later span loses what an earlier holds
+    lo, hi, labels = lo[keep], hi[keep], [sp[2] for sp, k in zip(spans, keep.tolist()) if k]
+    cuts = np.concatenate([lo, hi])
     out = {}
-    for kind, s in parts.items():
-        claimed = iv.EMPTY
-        for a, b, label in spans if kind in ("forward", "backward") else []:
-            one = (np.array([a], np.int64), np.array([b], np.int64))
-            piece = iv.subtract(iv.intersect(s, one), claimed)
-            if piece[0].size:
-                out[(kind, label)] = iv.merge(*(np.concatenate(x) for x in zip(out.get((kind, label), iv.EMPTY), piece)))
-            claimed = iv.merge(np.concatenate([claimed[0], one[0]]), np.concatenate([claimed[1], one[1]]))
-        out[(kind, None)] = iv.subtract(s, claimed)
+    for kind, (s, e) in parts.items():
+        if kind not in ("forward", "backward") or s.size == 0:
+            out[(kind, None)] = (s, e)
+            continue
+        i = np.maximum(np.searchsorted(s, cuts, side="right") - 1, 0)
+        inside = np.unique(cuts[(s[i] < cuts) & (cuts < e[i])])          # cut points strictly inside an interval
+        starts, ends = np.sort(np.concatenate([s, inside])), np.sort(np.concatenate([inside, e]))
+        j = np.searchsorted(lo, starts, side="right") - 1
+        held = (j >= 0) & (starts < hi[np.maximum(j, 0)])
+        out[(kind, None)] = (starts[~held], ends[~held])
+        for k in np.unique(j[held]).tolist():
+            sel = held & (j == k)
+            out[(kind, labels[k])] = iv.merge(*(np.concatenate(x) for x in zip(out.get((kind, labels[k]), iv.EMPTY),
+                                                                                (starts[sel], ends[sel]))))
     return out
 
 
@@ -228,7 +241,7 @@ def step_row(gi: GanttInput, rc: RankComms, pp: Optional[PPTrace] = None, step: 
     parts = {"backward": bwd, "optimizer": opt, "forward": fwd, **_comm_parts(rc, compute)}
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
     stage = grid.stage(rc.rank) if grid is not None else None
-    parts = _labelled(parts, action_spans(pp, int(gi.number[i]), lo, hi, schedule))
+    parts = _labelled({k: iv.clip(v, lo, hi) for k, v in parts.items()}, action_spans(pp, int(gi.number[i]), lo, hi, schedule))
     segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
     return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs,
                      start_us=rc.clock0_us + lo / 1000.0)
