@@ -57,15 +57,18 @@ def _spans(row) -> list[tuple]:
 # -- hand-made traces -----------------------------------------------------------------------------
 def test_gpu_actions_label_the_kernels_they_launched(tmp_path):
     """GPU, step 1: PP:1F0 (host 100-200) launches a GEMM at 120 that runs 150-300, PP:1F1 (210-300)
-    one at 220 running 320-400; PP:1B0 and PP:1B1 launch from autograd nodes, kernels 500-700 and
-    720-800; a kernel launched at 705, outside every action, runs 820-830. The step starts at its
-    first kernel (150): F0 0-150, F1 170-250, B0 350-550, B1 570-650, the last kernel unlabelled."""
+    one at 220 running 320-400; during PP:1B0 and PP:1B1 autograd's own thread launches kernels
+    running 500-700 and 720-800; a kernel launched at 705, outside every action, runs 820-830. The
+    step starts at its first kernel (150): F0 0-150, F1 170-250, B0 350-550, B1 570-650, the last
+    kernel unlabelled."""
     b = TraceBuilder(rank=1, world_size=2).step(1, 0, 1000).step(2, 1000, 1000)
     for name, lo, hi in (("PP:1F0", 100, 200), ("PP:1F1", 210, 300), ("PP:1B0", 400, 500), ("PP:1B1", 600, 700)):
         b.cpu_op(name, lo, hi - lo, cat="user_annotation")
     b.kernel(GEMM, 150, 150, launch_us=120).kernel(GEMM, 320, 80, launch_us=220)
-    b.cpu_op("autograd::engine::evaluate_function: MmBackward0", 410, 70).kernel(GEMM, 500, 200, launch_us=420)
-    b.cpu_op("autograd::engine::evaluate_function: MmBackward0", 610, 80).kernel(GEMM, 720, 80, launch_us=620)
+    for lo, run, launch in ((410, 500, 420), (610, 720, 620)):          # on autograd's thread (tid 7)
+        b.cpu_op("autograd::engine::evaluate_function: MmBackward0", lo, 80, tid=7)
+        b.kernel(GEMM, run, 200 if run == 500 else 80, launch_us=launch)
+        b.events[-2]["tid"] = 7                                          # its cudaLaunchKernel
     b.kernel("elementwise_kernel", 820, 10, launch_us=705).kernel(GEMM, 1100, 100, launch_us=1050)
     row = rank_step(load_rank(b.write(str(tmp_path / "rank1.json"))))
     assert _spans(row) == [("forward", "F0", 0, 150), ("idle", None, 150, 170), ("forward", "F1", 170, 250),

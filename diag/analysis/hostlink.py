@@ -64,18 +64,17 @@ def launches(t: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ts, th
 
 
-def kernel_spans(t: EventTable, rows: np.ndarray, start: np.ndarray, end: np.ndarray,
-                 thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Host spans [start, end) on host threads -> the span of the GPU rows launched inside each
-    from its thread (first kernel start, last kernel end); -1, -1 where none was."""
+
+def kernel_spans(t: EventTable, rows: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host spans [start, end) -> the span of the GPU rows launched inside each, from any thread
+    (first kernel start, last kernel end); -1, -1 where none was. Any thread: on a GPU, autograd
+    launches a backward's kernels from its own device thread while the main thread waits."""
     lo, hi = np.full(start.size, -1, np.int64), np.full(start.size, -1, np.int64)
-    lts, lth = launches(t, rows)
-    for th in np.unique(thread).tolist():
-        mine, at = rows[lth == th], lts[lth == th]
-        order = np.argsort(at, kind="stable")
-        mine, at = mine[order], at[order]
-        for i in np.flatnonzero(thread == th).tolist():
-            a, b = np.searchsorted(at, [start[i], end[i]], side="left")
-            if b > a:
-                lo[i], hi[i] = int(t.ts_ns[mine[a:b]].min()), int(t.end_ns[mine[a:b]].max())
+    at = launches(t, rows)[0]
+    order = np.argsort(at, kind="stable")
+    rows, at = rows[order], at[order]
+    a, b = np.searchsorted(at, start, side="left"), np.searchsorted(at, end, side="left")
+    for i in np.flatnonzero(b > a).tolist():
+        sel = rows[a[i]:b[i]]
+        lo[i], hi[i] = int(t.ts_ns[sel].min()), int(t.end_ns[sel].max())
     return lo, hi

@@ -121,7 +121,7 @@ def _annotated(t, steps_of) -> Optional[tuple]:
         return None
     rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
     step = steps_of(t.ts_ns[rows])
-    acts = [(s, *a, int(t.ts_ns[r]), int(t.end_ns[r]), int(t.thread[r]))
+    acts = [(s, *a, int(t.ts_ns[r]), int(t.end_ns[r]))
             for r, s in zip(rows.tolist(), step.tolist()) if s >= 0 for a in parsed[int(t.name_id[r])]]
     names = {int(i): t.symbols[int(i)] for i in np.unique(t.name_id[rows])}
     gpipe = all(_GPIPE_RE.match(n) for n in names.values())
@@ -129,11 +129,11 @@ def _annotated(t, steps_of) -> Optional[tuple]:
     return "gpipe" if gpipe else "pp", overlapped, _columns(acts)
 
 
-_DTYPES = (np.int64, np.int32, np.int8, np.int32, np.int64, np.int64, np.int64)
+_DTYPES = (np.int64, np.int32, np.int8, np.int32, np.int64, np.int64)
 
 
 def _columns(acts: list[tuple]) -> tuple:
-    """(step, stage, kind, micro-batch, host start, host end, host thread) arrays of the actions."""
+    """(step, stage, kind, micro-batch, host start, host end) arrays of the actions."""
     cols = list(zip(*acts)) if acts else [()] * len(_DTYPES)
     return tuple(np.array(c, d) for c, d in zip(cols, _DTYPES))
 
@@ -170,9 +170,8 @@ def _from_compute(t, steps_of, main: int) -> tuple:
     run_end = np.maximum.reduceat(end, np.flatnonzero(new_run))
     keep = ((token < 2) & (step >= 0))[new_run]          # of the runs: actions in analysed steps
     kind, step = token[new_run][keep], step[new_run][keep]
-    n = kind.size
-    return "compute", 0, (step.astype(np.int64), np.full(n, -1, np.int32), kind.astype(np.int8),
-                          _number_in_order(step, kind), at[new_run][keep], run_end[keep], np.full(n, main, np.int64))
+    return "compute", 0, (step.astype(np.int64), np.full(kind.size, -1, np.int32), kind.astype(np.int8),
+                          _number_in_order(step, kind), at[new_run][keep], run_end[keep])
 
 
 def _number_in_order(step: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -198,16 +197,15 @@ def read_rank(rt: RankTrace, w: Window, timeline: str, rc: RankComms) -> PPTrace
 
     main = main_thread(t, np.flatnonzero(t.name_mask(lambda s: s.startswith("ProfilerStep"))
                                          & t.mask(Kind.CPU_OP, Kind.ANNOTATION)))
-    source, overlapped, (step, stage, kind, mb, start, end, thread) = \
+    source, overlapped, (step, stage, kind, mb, start, end) = \
         _annotated(t, steps_of) or _from_compute(t, steps_of, main)
     if step.size == 0:
         source = ""
     if timeline == "gpu":
-        start, end = kernel_spans(t, w.rows[t.kind[w.rows] == Kind.COMPUTE], start, end, thread)
+        start, end = kernel_spans(t, w.rows[t.kind[w.rows] == Kind.COMPUTE], start, end)
     waits = gpu_waits(rc) if timeline == "gpu" else host_waits(rt, w, in_window, main)
     return PPTrace(source=source, overlapped=overlapped, act_step=step, act_stage=stage, act_kind=kind,
                    act_mb=mb, act_start_ns=start, act_end_ns=end, p2p=waits)
-
 
 
 # -- the job's schedule ---------------------------------------------------------------------------
