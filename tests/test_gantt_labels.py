@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "dashboards"))
 from ui import md  # noqa: E402
 
 PP_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
+PAIR_RE = re.compile(r"^PP:\((\d+)([FB])(\d+);(\d+)([FB])(\d+)\)OVERLAP_F_B$")
 GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
 
 
@@ -106,18 +107,22 @@ def _trace_of(run: str, rank: int) -> str:
 
 def annotated_truth(path: str, step: int) -> list[tuple[str, float, float]]:
     """(label, start µs, end µs) of the compute actions the raw JSON annotates in ProfilerStep#step,
-    in time order: PP:<stage><F|B|I|W><mb> (chunk: the stage's place among the rank's stages) or
-    Forward i / Backward i."""
+    in time order: PP:<stage><F|B|I|W><mb> (chunk: the stage's place among the rank's stages),
+    DualPipeV's PP:(<action>;<action>)OVERLAP_F_B as 'F1.0+B0.1', or Forward i / Backward i."""
     ev = _events(path)
     (st,) = [e for e in ev if e["name"] == f"ProfilerStep#{step}"]
     stages = sorted({int(m.group(1)) for e in ev if (m := PP_RE.match(e["name"]))})
+
+    def name(stage: str, kind: str, mb: str) -> str:
+        return f"{kind}{mb}" + (f".{stages.index(int(stage))}" if len(stages) > 1 else "")
     out = []
     for e in sorted(ev, key=lambda e: e["ts"]):
         if not st["ts"] <= e["ts"] < st["ts"] + st["dur"]:
             continue
         if m := PP_RE.match(e["name"]):
-            chunk = f".{stages.index(int(m.group(1)))}" if len(stages) > 1 else ""
-            out.append((f"{m.group(2)}{m.group(3)}{chunk}", e["ts"], e["ts"] + e["dur"]))
+            out.append((name(*m.groups()), e["ts"], e["ts"] + e["dur"]))
+        elif m := PAIR_RE.match(e["name"]):
+            out.append((name(*m.groups()[:3]) + "+" + name(*m.groups()[3:]), e["ts"], e["ts"] + e["dur"]))
         elif m := GPIPE_RE.match(e["name"]):
             out.append((f"{m.group(1)[0]}{m.group(2)}", e["ts"], e["ts"] + e["dur"]))
     return out
@@ -149,19 +154,27 @@ def chunked(order: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_our_trainers_interleaved_1f1b(tmp_path):
-    """Our trainer, PP 2, interleaved 1F1B (v = 2, m = 4): torch.distributed.pipelining's PP:<action>
-    annotations label every bar, chunk by chunk, in torch's own order."""
+@pytest.mark.parametrize("sched", ["interleaved-1f1b", "zbv", "dualpipev"])
+def test_our_trainers_multi_chunk_schedules(tmp_path, sched):
+    """Our trainer, PP 2, v = 2, m = 4: torch.distributed.pipelining's PP:<action> annotations label
+    every bar, chunk by chunk (ZB-V and DualPipeV: stages 0 and 3 on rank 0, split backwards I/W,
+    DualPipeV's overlapped pairs); interleaved 1F1B in torch's own order."""
     from trainer.runner import assert_ok, run_trainer
+    flags = ["--num-layers-per-virtual-pipeline-stage", "1"] if sched == "interleaved-1f1b" else []
     run = run_trainer(tmp_path, 2, "--pipeline-model-parallel-size", "2", "--train-iters", "3",
                       "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "1", "--no-trace-summary",
-                      "--no-metrics", "--pipeline-schedule", "interleaved-1f1b",
-                      "--num-layers-per-virtual-pipeline-stage", "1")
+                      "--no-metrics", "--pipeline-schedule", sched, *flags)
     assert_ok(run)
     d = diagnose(load_job(str(tmp_path)))
+    assert d.pipeline.schedule == sched
     check_against_annotations(str(tmp_path), d)
-    for row in d.gantt.rows:
-        assert _labels(row) == chunked(torch_order("interleaved-1f1b", row.stage))
+    drawn = {lab for r in d.gantt.rows for lab in _labels(r)}
+    if sched == "interleaved-1f1b":
+        for row in d.gantt.rows:
+            assert _labels(row) == chunked(torch_order("interleaved-1f1b", row.stage))
+    else:
+        assert {"I0.1", "W0.1", "I3.0", "W3.0"} <= drawn
+    assert any("+" in lab for lab in drawn) == (sched == "dualpipev")
     assert "PP:<action> annotations" in d.gantt.labels
 
 
