@@ -277,5 +277,5 @@ def test_the_dashboard_draws_the_labels(tmp_path, monkeypatch):
     shutil.copytree(os.path.join(SAMPLES, "pp2_m2"), tmp_path / "pp2_m2")
     at = app(tmp_path, monkeypatch, "pipeline", run="pp2_m2")
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
-    drawn = [x for t in spec["data"] if t["type"] == "bar" for x in t.get("text") or [] if x]
+    drawn = [x for t in spec["data"] for x in t.get("text") or [] if x]
     assert sorted(drawn) == sorted(["F0", "F1", "B0", "B1"] * 2)

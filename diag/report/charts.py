@@ -171,8 +171,8 @@ def wait_heatmap(d: Diagnosis):
 
 
 def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
-    """One step of each stage: horizontal bars of forward/backward/optimizer, send/recv, idle; the
-    compute of a pipeline action labelled with it (F3, B3, F3.1) on its longest bar of the row."""
+    """One step of each stage: horizontal bars of forward/backward/optimizer, send/recv, idle; each
+    pipeline action's label (F3, B3, F3.1) written once per row, over the middle of its compute."""
     go = _go()
     fig = go.Figure()
     def label(r) -> str:
@@ -183,18 +183,16 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
                 f"gaps {100 * r.total('idle') / r.step_s:.1f}% of this step")
 
     names = {id(r): label(r) for r in g.rows}
-    shown = {id(s) for r in g.rows for s in _longest_per_label(r)}
     for kind in KINDS:
         segs = [(names[id(r)], s) for r in g.rows for s in r.segments if s.kind == kind]
         if segs:
             fig.add_trace(go.Bar(
                 name="gap" if kind == "idle" else kind, orientation="h", y=[y for y, _ in segs], x=[1e3 * (s.end_s - s.start_s) for _, s in segs],
                 base=[1e3 * s.start_s for _, s in segs], marker_color=COLORS[kind], marker_line_width=0,
-                text=[s.label if id(s) in shown else "" for _, s in segs], textposition="inside",
-                insidetextanchor="middle", customdata=[s.label or "" for _, s in segs],
+                customdata=[s.label or "" for _, s in segs],
                 hovertemplate=f"{kind} %{{customdata}}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
-    fig.update_layout(barmode="overlay", bargap=0.45,    # bars end 0.275 below their row: the ideal mark fits
-                      uniformtext=dict(minsize=8, mode="hide"))     # a label too big for its bar is left out
+    _write_actions(fig, g, names)
+    fig.update_layout(barmode="overlay", bargap=0.45)    # bars end 0.275 below their row: the ideal mark fits
     fig.update_yaxes(autorange="reversed")
     if ideal_fraction is not None:
         _mark_ideal_bubble(fig, g, ideal_fraction)
@@ -206,13 +204,21 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
     return fig
 
 
-def _longest_per_label(r) -> list:
-    """The longest segment of each action label in a row: the one that carries the text."""
-    best: dict = {}
-    for s in r.segments:
-        if s.label and (s.label not in best or s.end_s - s.start_s > best[s.label].end_s - best[s.label].start_s):
-            best[s.label] = s
-    return list(best.values())
+def _write_actions(fig, g: PipelineGantt, names: dict) -> None:
+    """Each action's label once per row, at the middle of its labelled bars (an action's compute
+    is often many bars with gaps between)."""
+    at: dict = {}
+    for r in g.rows:
+        for s in r.segments:
+            if s.label:
+                lo, hi = at.get((id(r), s.label), (s.start_s, s.end_s))
+                at[(id(r), s.label)] = (min(lo, s.start_s), max(hi, s.end_s))
+    if not at:
+        return
+    fig.add_trace(_go().Scatter(
+        x=[500 * (lo + hi) for lo, hi in at.values()], y=[names[k[0]] for k in at], text=[k[1] for k in at],
+        mode="text", textfont=dict(size=10, color="#111"), name="pipeline action", showlegend=False,
+        hoverinfo="skip"))
 
 
 def _mark_ideal_bubble(fig, g: PipelineGantt, ideal_fraction: float) -> None:
