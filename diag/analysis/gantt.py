@@ -12,7 +12,7 @@ communication (TP/DP collectives) > idle. Communication under compute is hidden,
 exposed communication shows. Times are seconds from the step's start on the rank's own
 clock (hosts' clocks are not aligned, so stages are not placed on a shared axis).
 
-Forward and backward compute inside a pipeline action's span (ppschedule: `PP:2F3`, `Forward 3`,
+Forward and backward compute inside a pipeline action's span (ppactions: `PP:2F3`, `Forward 3`,
 or a run of forward / backward compute in a 1F1B or GPipe order) is labelled with the action,
 `F3` / `B3` (`F3.1`: the rank's second model chunk); compute outside every action, and actions
 whose micro-batch cannot be read, stay unlabelled.
@@ -31,7 +31,7 @@ from .breakdown import timeline_sets
 from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
 from .layoutfind import JobLayout
 from .hostlink import enclosing, launches
-from .ppschedule import SINGLE_STAGE, SOURCES, PPTrace, read_rank
+from .ppactions import SINGLE_STAGE, SOURCES, PPTrace, read_rank
 from .steps import Window, window_of
 
 KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")

@@ -16,7 +16,7 @@ import numpy as np
 from ..layout import AXES
 from ..trace.errors import TraceError
 from ..trace.kinds import Coll
-from .ppschedule import ACTIONS
+from .ppactions import ACTIONS
 
 _RANK_MAX = (1 << 31) - 1                      # ranks live in int32 columns
 _BOOL_ARRAYS = {"fsdp", "sure"}
