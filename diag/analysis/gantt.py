@@ -76,6 +76,11 @@ class PipelineGantt:
                  "0.2% of the step drawn as their neighbours")
     labels: str = ""                   # where the bars' action labels come from, or why there are none
 
+    def stage_ranks(self, stage: Optional[int]) -> int:
+        """How many ranks of a stage are drawn here: its row (one rank, whichever a viewer shows) and
+        the others."""
+        return 1 + sum(r.stage == stage for r in self.others)
+
 
 def _spans(t, name_prefix: str) -> iv.Intervals:
     rows = np.flatnonzero(t.name_mask(lambda s: s.startswith(name_prefix)) & t.mask(Kind.CPU_OP, Kind.ANNOTATION))

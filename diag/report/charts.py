@@ -177,7 +177,7 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
     fig = go.Figure()
     def label(r) -> str:
         who = f"stage {r.stage} (rank {r.rank})" if r.stage is not None else f"rank {r.rank}"
-        n = 1 + sum(o.stage == r.stage for o in g.others)
+        n = g.stage_ranks(r.stage)
         of = "" if r.stage is None else "the stage's only rank; " if n == 1 else f"1 of the stage's {n} ranks; "
         return (f"{who}<br>{of}send/recv {100 * r.total('send/recv') / r.step_s:.1f}%, "
                 f"gaps {100 * r.total('idle') / r.step_s:.1f}% of this step")

@@ -83,7 +83,7 @@ def _drawn_ranks(g: PipelineGantt) -> str:
     said = []
     for r in g.rows:
         if r.stage is not None:
-            n = sum(o.stage == r.stage for o in g.others)
+            n = g.stage_ranks(r.stage) - 1
             said.append(f"stage {r.stage}: rank {r.rank}, " + (f"{n} other rank{'s' * (n != 1)} of the stage not drawn"
                                                               if n else "the stage's only rank loaded"))
     return f"Rows drawn: {'; '.join(said)} (the dashboard's Pipeline page draws any rank of a stage). " if said else ""
