@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import json
 import os
 import re
 
@@ -54,7 +55,8 @@ def test_report_holds_the_diagnosis_numbers():
     # with_advice(diagnose()) carries the Gantt, made from the per-rank summaries; each row equals the one
     # made straight from that rank's trace
     assert d.gantt.rows and all(
-        row == rank_step(by_rank[row.rank], step=row.step, grid=grid, min_idle_fraction=0.002)
+        row == rank_step(by_rank[row.rank], step=row.step, grid=grid, min_idle_fraction=0.002,
+                         schedule=d.pipeline.schedule)
         for row in d.gantt.rows)
     page = render_html(d, d.gantt)
     assert _charts(page) == 8        # and the pipeline Gantt, the memory curve and the memory model's parts
@@ -68,6 +70,15 @@ def test_report_holds_the_diagnosis_numbers():
     for r in d.recommendations:
         assert r.title in page
     assert '"One step per stage (ProfilerStep#' in page
+    # the bars carry their pipeline actions (1F1B, p = 2, m = 2), and the report says which rank each
+    # row is and how many of its stage's ranks it leaves out
+    for row in d.gantt.rows:
+        assert {s.label for s in row.segments if s.label} == {"F0", "F1", "B0", "B1"}
+    (gantt,) = [part for part in page.split("<div") if '"One step per stage (ProfilerStep#' in part]
+    drawn = [x for arr in re.findall(r'"text":\[([^\]]*)\]', gantt) for x in json.loads(f"[{arr}]") if x]
+    assert sorted(drawn) == sorted(["F0", "F1", "B0", "B1"] * len(d.gantt.rows))    # once per action and row
+    assert "Rows drawn: stage 0: rank 0, 3 other ranks of the stage not drawn; stage 1: rank 4, 3 other ranks" in page
+    assert "Bars labelled with the pipeline action they run" in page
 
 
 def test_straggler_and_escaping_on_a_gpu_trace():

@@ -101,6 +101,8 @@ FORGERIES = {
     "negative durations": lambda s: _set(s.comms, "dur_ns", -s.comms.dur_ns - 1),
     "share over 1": lambda s: _set(s.result.top_kernels[0], "share", 3.0),
     "intervals backwards": lambda s: _set(s.comms, "compute", (s.comms.compute[1], s.comms.compute[0])),
+    "action ends before it starts": lambda s: _set(s.pp, "act_end_ns", s.pp.act_start_ns - 1),
+    "action columns differ": lambda s: _set(s.pp, "act_end_ns", s.pp.act_end_ns[:-1]),
 }
 
 
@@ -130,7 +132,7 @@ def test_an_impossible_rank_in_a_summary_is_unknown_with_a_note(run, rank):
 def test_an_old_summary_version_is_named(run):
     path = os.path.join(run, _traces(run)[0] + SUFFIX)
     open(path, "wb").write(msgspec.msgpack.encode({"format": summary_file.FORMAT, "version": 3}))
-    with pytest.raises(TraceError, match=f"version 3, this diag reads {summary_file.VERSION}"):
+    with pytest.raises(TraceError, match=f"version 3, this diag reads {summary_file.VERSION}: run `diag summarize` again"):
         summary_file.read(path)
 
 

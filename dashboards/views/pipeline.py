@@ -21,7 +21,7 @@ else:
     st.info("No pipeline parallelism known for this run (PP = 1, or the trace does not say: "
             "`diag analyze --pp`). The chart shows one step of each rank.")
 if g.rows and g.others:
-    # any rank of a stage in place of its first one (tp 0, dp 0): the analysis drew them all
+    # any rank of a stage in place of its first one (tp 0, dp 0): the analysis drew every one
     by_stage = {r.stage: [r] for r in g.rows}
     for r in g.others:
         by_stage.setdefault(r.stage, []).append(r)
@@ -32,6 +32,6 @@ if g.rows and g.others:
 if g.rows:
     st.plotly_chart(charts.gantt_chart(g, d.pipeline.ideal_fraction if d.pipeline else None),
                     width="stretch")
-    st.caption(f"{ui.md(g.note)}. {GANTT_LEGEND}.")
+    st.caption(f"{ui.md(g.note)}. {ui.md(g.labels)}. {GANTT_LEGEND}.")
 else:
     st.info("No ProfilerStep in the analysis window: no step to draw.")

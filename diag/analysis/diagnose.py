@@ -170,5 +170,6 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
         layout_dims=[[a, n] for a, n in grid.layout.dims] if grid.layout is not None else None, comm=ca, findings=findings(ranks, ca),
         pipeline=pipeline(grid, meta, summaries), throughput=throughput(ranks, meta, job.world_size, peak_tflops))
     d.memory = memory
-    d.gantt = pipeline_gantt([(s.gantt, s.comms) for s in summaries], grid)
+    d.gantt = pipeline_gantt([(s.gantt, s.comms, s.pp) for s in summaries], grid,
+                             schedule=d.pipeline.schedule if d.pipeline else None)
     return d

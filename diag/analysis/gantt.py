@@ -11,6 +11,11 @@ from one; optimizer inside `Optimizer.step`; else forward) > pipeline send/recv 
 communication (TP/DP collectives) > idle. Communication under compute is hidden, so only
 exposed communication shows. Times are seconds from the step's start on the rank's own
 clock (hosts' clocks are not aligned, so stages are not placed on a shared axis).
+
+Forward and backward compute inside a pipeline action's span (ppactions: `PP:2F3`, `Forward 3`,
+or a run of forward / backward compute in a 1F1B or GPipe order) is labelled with the action,
+`F3` / `B3` (`F3.1`: the rank's second model chunk); compute outside every action, and actions
+whose micro-batch cannot be read, stay unlabelled.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .breakdown import timeline_sets
 from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
 from .layoutfind import JobLayout
 from .hostlink import enclosing, launches
+from .ppactions import SINGLE_STAGE, SOURCES, PPTrace, read_rank
 from .steps import Window, window_of
 
 KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")
@@ -40,6 +46,7 @@ class Segment:
     kind: str                          # one of KINDS
     start_s: float                     # from the step's start
     end_s: float
+    label: Optional[str] = None        # the pipeline action it runs ("F3", "B3", "F3.1"), None: not known
 
 
 @dataclass
@@ -61,12 +68,18 @@ class StageStep:
 class PipelineGantt:
     timeline: str                      # "gpu" | "host"
     rows: list[StageStep] = field(default_factory=list)
-    # the same step of the stages' other ranks (tp/dp > 0), up to max_rows of them: a viewer may
-    # show any rank of a stage in place of its row
+    # the same step of every other rank of each stage (tp/dp > 0): a viewer may show any rank of
+    # a stage in place of its row
     others: list[StageStep] = field(default_factory=list)
     note: str = ("one rank per stage (tp 0, dp 0), the same ProfilerStep on each; times from each rank's "
                  "own step start; communication under compute is hidden and not drawn; idle gaps under "
                  "0.2% of the step drawn as their neighbours")
+    labels: str = ""                   # where the bars' action labels come from, or why there are none
+
+    def stage_ranks(self, stage: Optional[int]) -> int:
+        """How many ranks of a stage are drawn here: its row (one rank, whichever a viewer shows) and
+        the others."""
+        return 1 + sum(r.stage == stage for r in self.others)
 
 
 def _spans(t, name_prefix: str) -> iv.Intervals:
@@ -135,17 +148,17 @@ def step_bounds(rt: RankTrace, w: Window, timeline: str, i: int) -> tuple[int, i
 
 
 def segments(parts: dict, lo: int, hi: int) -> list[Segment]:
-    """Disjoint interval sets by kind -> consecutive segments over [lo, hi), gaps as idle."""
+    """Disjoint interval sets by (kind, label) -> consecutive segments over [lo, hi), gaps as idle."""
     found = []
-    for kind, s in parts.items():
+    for (kind, label), s in parts.items():
         a, b = iv.clip(s, lo, hi)
-        found += [(int(x), int(y), kind) for x, y in zip(a, b)]
-    found.sort()
+        found += [(int(x), int(y), kind, label) for x, y in zip(a, b)]
+    found.sort(key=lambda f: f[:2])
     out, at = [], lo
-    for x, y, kind in found:
+    for x, y, kind, label in found:
         if x > at:
             out.append(Segment("idle", (at - lo) * NS, (x - lo) * NS))
-        out.append(Segment(kind, (x - lo) * NS, (y - lo) * NS))
+        out.append(Segment(kind, (x - lo) * NS, (y - lo) * NS, label))
         at = max(at, y)
     if hi > at:
         out.append(Segment("idle", (at - lo) * NS, (hi - lo) * NS))
@@ -153,26 +166,71 @@ def segments(parts: dict, lo: int, hi: int) -> list[Segment]:
 
 
 def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
-    """Idle gaps shorter than min_idle_s between two segments of one kind join them (host traces
-    are gaps of microseconds between operators), then neighbours of one kind merge."""
+    """Idle gaps shorter than min_idle_s between two segments of one kind and label join them (host
+    traces are gaps of microseconds between operators), then neighbours of one kind and label merge.
+    A gap between two actions stays a gap: a label never reaches past its action."""
     out: list[Segment] = []
     for i, s in enumerate(segs):
         short_gap = (s.kind == "idle" and s.end_s - s.start_s < min_idle_s and 0 < i < len(segs) - 1
-                     and segs[i - 1].kind == segs[i + 1].kind)
-        kind = segs[i - 1].kind if short_gap else s.kind
-        if out and out[-1].kind == kind:
+                     and (segs[i - 1].kind, segs[i - 1].label) == (segs[i + 1].kind, segs[i + 1].label))
+        kind, label = (segs[i - 1].kind, segs[i - 1].label) if short_gap else (s.kind, s.label)
+        if out and (out[-1].kind, out[-1].label) == (kind, label):
             out[-1].end_s = s.end_s
         else:
-            out.append(Segment(kind, s.start_s, s.end_s))
+            out.append(Segment(kind, s.start_s, s.end_s, label))
     return out
 
 
-def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Optional[JobLayout] = None,
-             min_idle_fraction: float = 0.0) -> Optional[StageStep]:
+def action_spans(pp: Optional[PPTrace], step: int, lo: int, hi: int, schedule: Optional[str]) -> list[tuple]:
+    """The step's labelled pipeline actions as (start, end, label) within [lo, hi), in time order;
+    actions sharing one span (DualPipeV's overlapped forward and backward) share a label, 'F1+B0'."""
+    if pp is None or pp.act_start_ns.size == 0:
+        return []
+    labels, spans = pp.labels(schedule), {}
+    for i in np.flatnonzero((pp.act_step == step) & (pp.act_start_ns >= 0)).tolist():
+        a, b = max(lo, int(pp.act_start_ns[i])), min(hi, int(pp.act_end_ns[i]))
+        if labels[i] is not None and b > a:
+            spans.setdefault((a, b), []).append(labels[i])
+    return [(a, b, "+".join(names)) for (a, b), names in sorted(spans.items())]
+
+
+def _labelled(parts: dict, spans: list[tuple]) -> dict:
+    """kind -> intervals  =>  (kind, label) -> intervals: forward and backward compute cut at the
+    actions' spans (an instant under two spans goes to the earlier), the rest unlabelled."""
+    if not spans:
+        return {(kind, None): v for kind, v in parts.items()}
+    lo = np.array([a for a, _, _ in spans], np.int64)
+    hi = np.array([b for _, b, _ in spans], np.int64)
+    lo = np.maximum(lo, np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(hi)[:-1]]))
+    keep = hi > lo                                   # disjoint now: a later span loses what an earlier holds
+    lo, hi, labels = lo[keep], hi[keep], [sp[2] for sp, k in zip(spans, keep.tolist()) if k]
+    cuts = np.concatenate([lo, hi])
+    out = {}
+    for kind, (s, e) in parts.items():
+        if kind not in ("forward", "backward") or s.size == 0:
+            out[(kind, None)] = (s, e)
+            continue
+        i = np.maximum(np.searchsorted(s, cuts, side="right") - 1, 0)
+        inside = np.unique(cuts[(s[i] < cuts) & (cuts < e[i])])          # cut points strictly inside an interval
+        starts, ends = np.sort(np.concatenate([s, inside])), np.sort(np.concatenate([inside, e]))
+        j = np.searchsorted(lo, starts, side="right") - 1
+        held = (j >= 0) & (starts < hi[np.maximum(j, 0)])
+        out[(kind, None)] = (starts[~held], ends[~held])
+        for k in np.unique(j[held]).tolist():
+            sel = held & (j == k)
+            out[(kind, labels[k])] = iv.merge(*(np.concatenate(x) for x in zip(out.get((kind, labels[k]), iv.EMPTY),
+                                                                                (starts[sel], ends[sel]))))
+    return out
+
+
+def step_row(gi: GanttInput, rc: RankComms, pp: Optional[PPTrace] = None, step: Optional[int] = None,
+             grid: Optional[JobLayout] = None, min_idle_fraction: float = 0.0,
+             schedule: Optional[str] = None) -> Optional[StageStep]:
     """One step of one rank as segments; step is a ProfilerStep number (default: the median-length
     step in the analysis window). None when the rank has no such step. rc: the rank's
-    communication, attributed to axes with the grid. Idle gaps shorter than min_idle_fraction of
-    the step are drawn as their neighbours (see coalesce)."""
+    communication, attributed to axes with the grid; pp: its pipeline actions, which label the
+    compute (see action_spans; schedule: the job's, diag's name). Idle gaps shorter than
+    min_idle_fraction of the step are drawn as their neighbours (see coalesce)."""
     if gi.number.size == 0:
         return None
     if step is None:
@@ -188,29 +246,34 @@ def step_row(gi: GanttInput, rc: RankComms, step: Optional[int] = None, grid: Op
     parts = {"backward": bwd, "optimizer": opt, "forward": fwd, **_comm_parts(rc, compute)}
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
     stage = grid.stage(rc.rank) if grid is not None else None
+    parts = _labelled({k: iv.clip(v, lo, hi) for k, v in parts.items()}, action_spans(pp, int(gi.number[i]), lo, hi, schedule))
     segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
     return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs,
                      start_us=rc.clock0_us + lo / 1000.0)
 
 
 def rank_step(rt: RankTrace, step: Optional[int] = None, grid: Optional[JobLayout] = None,
-              min_idle_fraction: float = 0.0) -> Optional[StageStep]:
+              min_idle_fraction: float = 0.0, schedule: Optional[str] = None) -> Optional[StageStep]:
     """step_row of one loaded trace (its per-rank pass made here)."""
     timeline, w = window_of(rt)
     sets = timeline_sets(rt.events, w, timeline)
     rc = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
     rc.rank = int(rt.rank or 0)
     attribute_axes(rc, grid)
-    return step_row(gantt_input(rt, w, timeline, sets.compute), rc, step, grid, min_idle_fraction)
+    pp = read_rank(rt, w, timeline, rc)
+    return step_row(gantt_input(rt, w, timeline, sets.compute), rc, pp, step, grid, min_idle_fraction, schedule)
 
 
 def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
-                   min_idle_fraction: float = 0.002) -> PipelineGantt:
-    """One step of one rank per pipeline stage (tp 0, dp 0 where loaded); every loaded rank
-    (up to max_rows) when the grid is unknown. All rows show the same ProfilerStep number.
+                   min_idle_fraction: float = 0.002, schedule: Optional[str] = None) -> PipelineGantt:
+    """One step of one rank per pipeline stage (tp 0, dp 0 where loaded), and the same step of
+    every other rank of each stage; the first max_rows loaded ranks when the grid is unknown. All
+    rows show the same ProfilerStep number.
 
-    ranks: (GanttInput, RankComms) per rank, the comms attributed to axes with `grid`."""
-    by_rank = {int(rc.rank): (gi, rc) for gi, rc in ranks}
+    ranks: (GanttInput, RankComms, PPTrace) per rank, the comms attributed to axes with `grid`;
+    schedule: the job's pipeline schedule (diag's name), which says whether compute-order
+    micro-batch numbers can label the bars."""
+    by_rank = {int(rc.rank): (gi, rc, pp) for gi, rc, pp in ranks}
     staged = grid is not None and (grid.layout is not None or grid.pp > 1)
     others: list[int] = []
     if staged:                       # the lowest loaded rank of each stage: tp 0, dp 0 where loaded
@@ -220,14 +283,14 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
             if s is not None:
                 by_stage.setdefault(s, []).append(r)
         picks = [by_stage[s][0] for s in sorted(by_stage)]
-        others = [r for s in sorted(by_stage) for r in by_stage[s][1:]][:max_rows]
+        others = [r for s in sorted(by_stage) for r in by_stage[s][1:]]
     else:
         picks = sorted(by_rank)[:max_rows]
     timeline = "gpu" if any(by_rank[r][0].timeline == "gpu" for r in picks) else "host"
-    out = PipelineGantt(timeline=timeline)
+    out = PipelineGantt(timeline=timeline, labels=_labels_note(grid, [by_rank[r][2] for r in picks], schedule))
     if not staged:
         out.note = out.note.replace("one rank per stage (tp 0, dp 0)", f"the first {max_rows} ranks (grid unknown)")
-    kw = {"grid": grid, "min_idle_fraction": min_idle_fraction}
+    kw = {"grid": grid, "min_idle_fraction": min_idle_fraction, "schedule": schedule}
     first = step_row(*by_rank[picks[0]], **kw) if picks else None
     if first is None:
         return out
@@ -238,3 +301,20 @@ def pipeline_gantt(ranks: list, grid: Optional[JobLayout], max_rows: int = 16,
             out.rows.append(row)
     out.others = [row for r in others if (row := step_row(*by_rank[r], step=first.step, **kw)) is not None]
     return out
+
+
+def _labels_note(grid: Optional[JobLayout], traces: list, schedule: Optional[str]) -> str:
+    """Where the bars' labels come from, or why the bars have none."""
+    if grid is None or grid.pp < 2:
+        return "Bars not labelled with pipeline actions: no pipeline parallelism known (PP = 1, or give --pp)"
+    sources = sorted({pp.source for pp in traces if pp is not None and pp.source})
+    if not sources:
+        return ("Bars not labelled with pipeline actions: the traces show none (no PP:<action> or Forward i "
+                "annotations, no forward/backward compute between pipeline sends/receives)")
+    if sources == ["compute"] and schedule not in SINGLE_STAGE:
+        return ("Bars not labelled with pipeline actions: without annotations the micro-batches are numbered "
+                "from the compute's order, which only a 1F1B or GPipe schedule runs in order, and the "
+                f"schedule here is {schedule or 'unknown'}")
+    return (f"Bars labelled with the pipeline action they run (F3: forward of micro-batch 3, B backward, I/W "
+            f"backward input/weight; .1: the rank's second model chunk), read from {'; '.join(SOURCES[s] for s in sources)}; "
+            "compute outside every action unlabelled")

@@ -1,4 +1,5 @@
-"""Link GPU communication kernels to the host operations that launched them.
+"""Link GPU kernels to the host operations that launched them (communication kernels to their
+collective; a pipeline action's host span to the kernels it launched).
 
 Older traces carry no NCCL args on kernels: what the kernel moved, in which group, and
 for which parallel axis is only said on the host, by the ops enclosing its launch
@@ -61,3 +62,19 @@ def launches(t: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     src = lrows[order][pos[hit]]
     ts[hit], th[hit] = t.ts_ns[src], t.thread[src]
     return ts, th
+
+
+
+def kernel_spans(t: EventTable, rows: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host spans [start, end) -> the span of the GPU rows launched inside each, from any thread
+    (first kernel start, last kernel end); -1, -1 where none was. Any thread: on a GPU, autograd
+    launches a backward's kernels from its own device thread while the main thread waits."""
+    lo, hi = np.full(start.size, -1, np.int64), np.full(start.size, -1, np.int64)
+    at = launches(t, rows)[0]
+    order = np.argsort(at, kind="stable")
+    rows, at = rows[order], at[order]
+    a, b = np.searchsorted(at, start, side="left"), np.searchsorted(at, end, side="left")
+    for i in np.flatnonzero(b > a).tolist():
+        sel = rows[a[i]:b[i]]
+        lo[i], hi[i] = int(t.ts_ns[sel].min()), int(t.end_ns[sel].max())
+    return lo, hi

@@ -2,23 +2,9 @@
 and each stage's order of forwards and backwards.
 
 Problem: a bubble means little without the schedule's ideal, and the ideal needs the schedule,
-m and v, which traces from torchtitan or Megatron-LM do not state. What they can show, read
-here per rank (strongest first):
-
-1. torch.distributed.pipelining's runtime schedules (Interleaved1F1B, LoopedBFS,
-   InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) wrap every action in
-   `record_function("PP:<action>")`: `PP:2F0` is stage 2's forward of micro-batch 0, `B` a full
-   backward, `I` / `W` the split backward (input / weight) of the zero-bubble schedules,
-   `PP:(0F1;1B0)OVERLAP_F_B` DualPipeV's overlapped pair; `SEND_F`, `RECV_B`, ... post transfers.
-2. ScheduleGPipe wraps each micro-batch in `Forward i` / `Backward i` (no stage index).
-3. Schedule1F1B (torch 2.13) and Megatron-LM write nothing a torch.profiler trace keeps
-   (Megatron's ranges are NVTX, off by default and not recorded by Kineto). Then the order comes
-   from the compute itself: a backward is a run of autograd nodes
-   (`autograd::engine::evaluate_function`), a forward a run of matrix multiplies outside them,
-   and a point-to-point op or a change of kind separates one micro-batch from the next.
-
-The job-level reading (`schedule_of`) takes each stage's order and names the schedule; values
-the user or the trainer gave (`pipeline_schedule`, `num_micro_batches`,
+m and v, which traces from torchtitan or Megatron-LM do not state. Each rank's actions are read
+by ppactions; `schedule_of` takes each stage's order and names the schedule whose shape it has.
+Values the user or the trainer gave (`pipeline_schedule`, `num_micro_batches`,
 `virtual_pipeline_stages`) win over what is read.
 """
 from __future__ import annotations
@@ -31,152 +17,9 @@ from typing import Optional
 import numpy as np
 
 from ..runmeta import RunFacts
-from ..trace.kinds import Kind
-from ..trace.table import RankTrace
-from . import intervals as iv
-from .collectives import RankComms
-from .ppwaits import P2P_OPS, P2PWaits, gpu_waits, host_waits, main_thread
-from .steps import Window, _step_of
-
-ACTIONS = ("F", "B", "I", "W")          # forward, full backward, backward input, backward weight
-_KIND = {k: i for i, k in enumerate(ACTIONS)}
-_ACTION = r"(\d+)(F|I|B|W|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)"
-_PP_RE = re.compile(r"^PP:" + _ACTION + "$")
-_ONE_RE = re.compile(_ACTION + "$")
-_OVERLAP_RE = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
-_GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
-_BACKWARD = "autograd::engine::evaluate_function"
-SINGLE_STAGE = ("1f1b", "gpipe")          # schedules of one model chunk per rank
-_GEMMS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm", "aten::baddbmm"})
-
-SOURCES = {
-    "pp": "the trace's PP:<action> annotations of torch.distributed.pipelining",
-    "gpipe": "the trace's Forward i / Backward i annotations of torch.distributed.pipelining's GPipe",
-    "compute": "the order of forward and backward compute between pipeline sends/receives, the trace "
-               "having no schedule annotations",
-}
+from .ppactions import KIND, SINGLE_STAGE, SOURCES, PPTrace
 
 
-def _ints(dtype) -> np.ndarray:
-    return np.zeros(0, dtype)
-
-
-@dataclass
-class PPTrace:
-    """What one rank's trace shows of its pipeline (plain data: it travels in the rank summary)."""
-
-    source: str = ""                  # a key of SOURCES; "" when nothing was read
-    overlapped: int = 0               # DualPipeV's OVERLAP_F_B actions seen
-    act_step: np.ndarray = field(default_factory=lambda: _ints(np.int64))   # ProfilerStep number
-    act_stage: np.ndarray = field(default_factory=lambda: _ints(np.int32))  # named stage, -1 none
-    act_kind: np.ndarray = field(default_factory=lambda: _ints(np.int8))    # index into ACTIONS
-    act_mb: np.ndarray = field(default_factory=lambda: _ints(np.int32))     # micro-batch, -1 unknown
-    p2p: P2PWaits = field(default_factory=P2PWaits)
-
-    def step_order(self, step: int) -> list[str]:
-        """One step's compute actions as torch names them: '2F0' (stage 2, forward, micro-batch 0),
-        'F0' where no stage is named."""
-        sel = self.act_step == step
-        cols = (self.act_stage[sel].tolist(), self.act_kind[sel].tolist(), self.act_mb[sel].tolist())
-        return [(f"{s}" if s >= 0 else "") + ACTIONS[k] + (f"{m}" if m >= 0 else "") for s, k, m in zip(*cols)]
-
-
-def _parse(name: str) -> Optional[list[tuple[int, int, int]]]:
-    """(stage, kind, micro-batch) of the compute actions an annotation names; [] for a pipelining
-    annotation that computes nothing (a transfer's post); None for any other name."""
-    m = _GPIPE_RE.match(name)
-    if m:
-        return [(-1, _KIND["F" if m.group(1) == "Forward" else "B"], int(m.group(2)))]
-    m = _OVERLAP_RE.match(name)
-    parts = [_ONE_RE.match(p.strip()) for p in m.group(1).split(";")] if m else [_PP_RE.match(name)]
-    if not all(parts):
-        return None
-    return [(int(p.group(1)), _KIND[p.group(2)], int(p.group(3)) if p.group(3) else -1)
-            for p in parts if p.group(2) in _KIND]
-
-
-def _annotated(t, steps_of) -> Optional[tuple]:
-    """Actions from pipelining annotations: (source, overlapped, step, stage, kind, mb), or None."""
-    parsed = {i: acts for i, n in enumerate(t.symbols.names) if (acts := _parse(n)) is not None}
-    rows = np.flatnonzero(np.isin(t.name_id, list(parsed)) & t.mask(Kind.CPU_OP, Kind.ANNOTATION)) if parsed else []
-    if len(rows) == 0:
-        return None
-    rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
-    step = steps_of(t.ts_ns[rows])
-    acts = [(s, *a) for r, s in zip(rows.tolist(), step.tolist()) if s >= 0 for a in parsed[int(t.name_id[r])]]
-    names = {int(i): t.symbols[int(i)] for i in np.unique(t.name_id[rows])}
-    gpipe = all(_GPIPE_RE.match(n) for n in names.values())
-    overlapped = int(np.isin(t.name_id[rows], [i for i, n in names.items() if n.endswith("OVERLAP_F_B")]).sum())
-    return ("gpipe" if gpipe else "pp", overlapped, *_columns(acts))
-
-
-def _columns(acts: list[tuple]) -> tuple:
-    cols = list(zip(*acts)) if acts else [(), (), (), ()]
-    return tuple(np.array(c, d) for c, d in zip(cols, (np.int64, np.int32, np.int8, np.int32)))
-
-
-def _tokens(t, main: int) -> tuple[np.ndarray, np.ndarray]:
-    """(time, token) in time order: 0 a forward's matrix multiply (main thread, outside autograd
-    nodes and the optimizer), 1 the start of a run of autograd nodes, 2 a point-to-point op."""
-    host = t.mask(Kind.CPU_OP, Kind.ANNOTATION)
-    bwd = np.flatnonzero(t.name_mask(lambda s: s.startswith(_BACKWARD)) & host)
-    b_set = iv.merge(t.ts_ns[bwd], t.end_ns[bwd])
-    opt = np.flatnonzero(t.name_mask(lambda s: s.startswith("Optimizer.")) & host)
-    gemm = np.flatnonzero(t.name_mask(lambda s: s in _GEMMS) & (t.kind == Kind.CPU_OP) & (t.thread == main))
-    outside = iv.merge(np.concatenate([b_set[0], t.ts_ns[opt]]), np.concatenate([b_set[1], t.end_ns[opt]]))
-    f_at = t.ts_ns[gemm][iv.lengths_in_windows(outside, t.ts_ns[gemm], t.ts_ns[gemm] + 1) == 0]
-    p_at = t.ts_ns[np.flatnonzero(t.name_mask(lambda s: s in P2P_OPS) & (t.kind == Kind.CPU_OP))]
-    at = np.concatenate([f_at, b_set[0], p_at])
-    token = np.repeat(np.arange(3, dtype=np.int8), [f_at.size, b_set[0].size, p_at.size])
-    order = np.lexsort((token, at))
-    return at[order], token[order]
-
-
-def _from_compute(t, steps_of, main: int) -> tuple:
-    """Actions from the compute's order (no annotations): a run of forward tokens is a forward,
-    a run of autograd nodes a backward; a point-to-point op, a change of kind or of step ends a
-    run. Micro-batches are numbered in order, as 1F1B and GPipe run them."""
-    at, token = _tokens(t, main)
-    step = steps_of(at)
-    new_run = np.concatenate([[True], (token[1:] != token[:-1]) | (step[1:] != step[:-1])])
-    starts = (token < 2) & new_run & (step >= 0)
-    kind, step = token[starts], step[starts]
-    return ("compute", 0, step.astype(np.int64), np.full(kind.size, -1, np.int32), kind.astype(np.int8),
-            _number_in_order(step, kind))
-
-
-def _number_in_order(step: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """0, 1, 2, ... per (step, kind), in order of appearance."""
-    key = step * 2 + kind
-    order = np.argsort(key, kind="stable")
-    first = np.searchsorted(key[order], key[order], side="left")
-    out = np.empty(key.size, np.int32)
-    out[order] = np.arange(key.size) - first
-    return out
-
-
-def read_rank(rt: RankTrace, w: Window, timeline: str, rc: RankComms) -> PPTrace:
-    """The per-rank pass's reading of the pipeline: its actions and its point-to-point waits."""
-    t = rt.events
-    in_window = np.unique(w.step_index[w.step_index >= 0])
-
-    def steps_of(times: np.ndarray) -> np.ndarray:       # ProfilerStep number of in-window times, -1
-        i = _step_of(w.steps, times)
-        if len(w.steps) == 0:
-            return i
-        return np.where(np.isin(i, in_window), w.steps.number[np.maximum(i, 0)], -1)
-
-    main = main_thread(t, np.flatnonzero(t.name_mask(lambda s: s.startswith("ProfilerStep"))
-                                         & t.mask(Kind.CPU_OP, Kind.ANNOTATION)))
-    source, overlapped, step, stage, kind, mb = _annotated(t, steps_of) or _from_compute(t, steps_of, main)
-    if step.size == 0:
-        source = ""
-    waits = gpu_waits(rc) if timeline == "gpu" else host_waits(rt, w, in_window, main)
-    return PPTrace(source=source, overlapped=overlapped, act_step=step, act_stage=stage, act_kind=kind,
-                   act_mb=mb, p2p=waits)
-
-
-# -- the job's schedule ---------------------------------------------------------------------------
 @dataclass
 class Schedule:
     """The schedule as far as it is known, and where each fact came from."""
@@ -228,7 +71,7 @@ def _micro_batches(traces: list[PPTrace]) -> Optional[int]:
     (without annotations: the forwards counted, so v·m of an interleaved schedule)."""
     counts = []
     for pt in traces:
-        fwd = pt.act_kind == _KIND["F"]
+        fwd = pt.act_kind == KIND["F"]
         for s in np.unique(pt.act_step[fwd]).tolist():
             sel = fwd & (pt.act_step == s)
             counts.append(int(np.unique(pt.act_mb[sel]).size) if pt.source != "compute" else int(sel.sum()))
@@ -250,7 +93,7 @@ def _chunks(p: int, traces: list[PPTrace]) -> tuple[int, bool]:
 def _name(p: int, m: Optional[int], v: int, v_shape: bool, orders: dict, traces: list[PPTrace]) -> Optional[str]:
     """The schedule whose shape the actions have (diag's names, runconfig.values.SCHEDULES)."""
     kinds = set(np.concatenate([pt.act_kind for pt in traces]).tolist()) if traces else set()
-    if {_KIND["I"], _KIND["W"]} & kinds:
+    if {KIND["I"], KIND["W"]} & kinds:
         return "dualpipev" if any(pt.overlapped for pt in traces) else "zbv" if v_shape else "zb1p"
     if v > 1:
         return "looped-bfs" if all(_forwards_first(o) for o in orders.values()) else "interleaved-1f1b"

@@ -23,7 +23,7 @@ from .gantt import GanttInput, gantt_input
 from .kernels import top_kernels
 from .memuse import RankMemory, compute_device, rank_memory
 from .layoutfind import compact_pg_config
-from .ppschedule import PPTrace, read_rank
+from .ppactions import PPTrace, read_rank
 from .results import RankResult, StepTime
 from .steps import window_of
 
@@ -49,7 +49,7 @@ class RankSummary:
     comms: RankComms
     gantt: GanttInput
     pg_config: list = field(default_factory=list)   # layoutfind.compact_pg_config of its trace
-    pp: PPTrace = field(default_factory=PPTrace)    # its pipeline actions and p2p waits (ppschedule)
+    pp: PPTrace = field(default_factory=PPTrace)    # its pipeline actions and p2p waits (ppactions)
     gemms: list = field(default_factory=list)       # [[op, input dims, count]]: shapes.infer_shape's input
     dtensor: bool = False                           # GEMMs dispatched by DTensor: their shapes are global
     memory: RankMemory = field(default_factory=RankMemory)   # measured peak and curve (memuse)

@@ -16,7 +16,7 @@ import numpy as np
 from ..layout import AXES
 from ..trace.errors import TraceError
 from ..trace.kinds import Coll
-from .ppschedule import ACTIONS
+from .ppactions import ACTIONS
 
 _RANK_MAX = (1 << 31) - 1                      # ranks live in int32 columns
 _BOOL_ARRAYS = {"fsdp", "sure"}
@@ -24,7 +24,8 @@ _NONNEG_ARRAYS = {"dur_ns", "exposed_ns", "host_ns", "group_size", "t_ns", "allo
 _FRACTIONS = {"share", "ratio"}
 # Arrays of codes: [low, high) of what the merge indexes or converts with them.
 _CODES = {"coll": (min(Coll), max(Coll) + 1), "axis": (-1, len(AXES)), "act_kind": (0, len(ACTIONS)),
-          "step": (-1, None), "peer": (-1, None), "act_stage": (-1, None), "act_mb": (-1, None), "lane": (-1, None)}
+          "step": (-1, None), "peer": (-1, None), "act_stage": (-1, None), "act_mb": (-1, None), "lane": (-1, None),
+          "act_start_ns": (-1, None), "act_end_ns": (-1, None)}
 _TOL = 1e-6
 
 
@@ -34,6 +35,9 @@ def check_values(path: str, s) -> None:
     _walk(path, s, "summary")
     _check_breakdown(path, s.result.breakdown)
     _check_memory(path, s.memory)
+    pp = s.pp
+    if bool(((pp.act_end_ns < pp.act_start_ns) | ((pp.act_start_ns < 0) != (pp.act_end_ns < 0))).any()):
+        raise TraceError(path, "corrupt summary: summary.pp holds actions that end before they start")
     p2p = s.pp.p2p
     if p2p.wait_op.size and not (0 <= int(p2p.wait_op.min()) and int(p2p.wait_op.max()) < p2p.peer.size):
         raise TraceError(path, "corrupt summary: summary.pp.p2p.wait_op points past its ops")

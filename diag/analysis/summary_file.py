@@ -30,7 +30,8 @@ from .summary_check import check_values
 
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
-VERSION = 5          # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope; 5: memory
+VERSION = 5          # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
+                     # 5: memory; pipeline actions' start and end (the Gantt's labels)
 _EDGE = 1 << 20                       # bytes fingerprinted at each end of the trace
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30
@@ -165,6 +166,8 @@ def _check(path: str, s: RankSummary) -> None:
     ok = all(len(c) == n for c in cols) and len(rc.group) == n
     ok &= all(len(a) == len(b) for a, b in (rc.compute, g.backward, g.optimizer))
     ok &= len({len(g.number), len(g.host_ns), len(g.lo_ns), len(g.hi_ns)}) == 1
+    pp = s.pp
+    ok &= len({len(c) for c in (pp.act_step, pp.act_stage, pp.act_kind, pp.act_mb, pp.act_start_ns, pp.act_end_ns)}) == 1
     if not ok:
         raise TraceError(path, "corrupt summary: its columns differ in length")
 

@@ -171,12 +171,15 @@ def wait_heatmap(d: Diagnosis):
 
 
 def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
-    """One step of each stage: horizontal bars of forward/backward/optimizer, send/recv, idle."""
+    """One step of each stage: horizontal bars of forward/backward/optimizer, send/recv, idle; each
+    pipeline action's label (F3, B3, F3.1) written once per row, over the middle of its compute."""
     go = _go()
     fig = go.Figure()
     def label(r) -> str:
         who = f"stage {r.stage} (rank {r.rank})" if r.stage is not None else f"rank {r.rank}"
-        return (f"{who}<br>send/recv {100 * r.total('send/recv') / r.step_s:.1f}%, "
+        n = g.stage_ranks(r.stage)
+        of = "" if r.stage is None else "the stage's only rank; " if n == 1 else f"1 of the stage's {n} ranks; "
+        return (f"{who}<br>{of}send/recv {100 * r.total('send/recv') / r.step_s:.1f}%, "
                 f"gaps {100 * r.total('idle') / r.step_s:.1f}% of this step")
 
     names = {id(r): label(r) for r in g.rows}
@@ -186,7 +189,9 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
             fig.add_trace(go.Bar(
                 name="gap" if kind == "idle" else kind, orientation="h", y=[y for y, _ in segs], x=[1e3 * (s.end_s - s.start_s) for _, s in segs],
                 base=[1e3 * s.start_s for _, s in segs], marker_color=COLORS[kind], marker_line_width=0,
-                hovertemplate=f"{kind}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
+                customdata=[s.label or "" for _, s in segs],
+                hovertemplate=f"{kind} %{{customdata}}: %{{base:.2f}} ms + %{{x:.2f}} ms<extra></extra>"))
+    _write_actions(fig, g, names)
     fig.update_layout(barmode="overlay", bargap=0.45)    # bars end 0.275 below their row: the ideal mark fits
     fig.update_yaxes(autorange="reversed")
     if ideal_fraction is not None:
@@ -197,6 +202,23 @@ def gantt_chart(g: PipelineGantt, ideal_fraction: Optional[float] = None):
                   "", height=max(300, 90 * len(g.rows) + 180))
     fig.update_layout(legend=dict(y=-0.3))               # below the axis title
     return fig
+
+
+def _write_actions(fig, g: PipelineGantt, names: dict) -> None:
+    """Each action's label once per row, at the middle of its labelled bars (an action's compute
+    is often many bars with gaps between)."""
+    at: dict = {}
+    for r in g.rows:
+        for s in r.segments:
+            if s.label:
+                lo, hi = at.get((id(r), s.label), (s.start_s, s.end_s))
+                at[(id(r), s.label)] = (min(lo, s.start_s), max(hi, s.end_s))
+    if not at:
+        return
+    fig.add_trace(_go().Scatter(
+        x=[500 * (lo + hi) for lo, hi in at.values()], y=[names[k[0]] for k in at], text=[k[1] for k in at],
+        mode="text", textfont=dict(size=10, color="#111"), name="pipeline action", showlegend=False,
+        hoverinfo="skip"))
 
 
 def _mark_ideal_bubble(fig, g: PipelineGantt, ideal_fraction: float) -> None:

@@ -74,7 +74,8 @@ def _pipeline(d: Diagnosis, gantt: Optional[PipelineGantt]) -> list[str]:
         out.append("<p>No pipeline parallelism known for this run (PP = 1, or give --pp).</p>")
     if gantt and gantt.rows:
         ideal = d.pipeline.ideal_fraction if d.pipeline else None
-        out += [_figure(charts.gantt_chart(gantt, ideal)), f"<p class='note'>{_e(gantt.note)}. {_e(GANTT_LEGEND)}.</p>"]
+        out += [_figure(charts.gantt_chart(gantt, ideal)),
+                f"<p class='note'>{_e(gantt.note)}. {_e(_drawn_ranks(gantt))}{_e(gantt.labels)}. {_e(GANTT_LEGEND)}.</p>"]
     return out
 
 
@@ -87,6 +88,17 @@ def _memory(d: Diagnosis) -> list[str]:
     if d.memory is not None and d.memory.model:
         out.append(_figure(memcharts.memory_model_bars(d)))
     return out
+
+
+def _drawn_ranks(g: PipelineGantt) -> str:
+    """Which rank each stage's row is, and how many of the stage's ranks are not drawn here."""
+    said = []
+    for r in g.rows:
+        if r.stage is not None:
+            n = g.stage_ranks(r.stage) - 1
+            said.append(f"stage {r.stage}: rank {r.rank}, " + (f"{n} other rank{'s' * (n != 1)} of the stage not drawn"
+                                                              if n else "the stage's only rank loaded"))
+    return f"Rows drawn: {'; '.join(said)} (the dashboard's Pipeline page draws any rank of a stage). " if said else ""
 
 
 def _why(empty: dict, chart: str) -> list[str]:

@@ -1,0 +1,205 @@
+"""A rank's pipeline actions as its trace shows them: each forward and backward, of which stage
+and micro-batch, and where on the rank's timeline it ran.
+
+Problem: the schedule, m and v that the bubble's ideal needs, and the F3 / B3 labels of the
+Gantt's bars, are stated by no trace from torchtitan or Megatron-LM. What a trace can show,
+read here per rank (strongest first):
+
+1. torch.distributed.pipelining's runtime schedules (Interleaved1F1B, LoopedBFS,
+   InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) wrap every action in
+   `record_function("PP:<action>")`: `PP:2F0` is stage 2's forward of micro-batch 0, `B` a full
+   backward, `I` / `W` the split backward (input / weight) of the zero-bubble schedules,
+   `PP:(0F1;1B0)OVERLAP_F_B` DualPipeV's overlapped pair; `SEND_F`, `RECV_B`, ... post transfers.
+2. ScheduleGPipe wraps each micro-batch in `Forward i` / `Backward i` (no stage index).
+3. Schedule1F1B (torch 2.13) and Megatron-LM write nothing a torch.profiler trace keeps
+   (Megatron's ranges are NVTX, off by default and not recorded by Kineto). Then the order comes
+   from the compute itself: a backward is a run of autograd nodes
+   (`autograd::engine::evaluate_function`), a forward a run of matrix multiplies outside them,
+   and a point-to-point op or a change of kind separates one micro-batch from the next.
+
+An action's span is its annotation's (or its run's) on a host timeline; on a GPU, the span of
+the compute kernels launched inside it. The job-level reading is ppschedule.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.table import RankTrace
+from . import intervals as iv
+from .collectives import RankComms
+from .hostlink import kernel_spans
+from .ppwaits import P2P_OPS, P2PWaits, gpu_waits, host_waits, main_thread
+from .steps import Window, _step_of
+
+ACTIONS = ("F", "B", "I", "W")          # forward, full backward, backward input, backward weight
+KIND = {k: i for i, k in enumerate(ACTIONS)}
+_ACTION = r"(\d+)(F|I|B|W|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)"
+_PP_RE = re.compile(r"^PP:" + _ACTION + "$")
+_ONE_RE = re.compile(_ACTION + "$")
+_OVERLAP_RE = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
+_GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
+_BACKWARD = "autograd::engine::evaluate_function"
+SINGLE_STAGE = ("1f1b", "gpipe")          # schedules of one model chunk per rank
+_GEMMS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm", "aten::baddbmm"})
+
+SOURCES = {
+    "pp": "the trace's PP:<action> annotations of torch.distributed.pipelining",
+    "gpipe": "the trace's Forward i / Backward i annotations of torch.distributed.pipelining's GPipe",
+    "compute": "the order of forward and backward compute between pipeline sends/receives, the trace "
+               "having no schedule annotations",
+}
+
+
+def _ints(dtype) -> np.ndarray:
+    return np.zeros(0, dtype)
+
+
+@dataclass
+class PPTrace:
+    """What one rank's trace shows of its pipeline (plain data: it travels in the rank summary)."""
+
+    source: str = ""                  # a key of SOURCES; "" when nothing was read
+    overlapped: int = 0               # DualPipeV's OVERLAP_F_B actions seen
+    act_step: np.ndarray = field(default_factory=lambda: _ints(np.int64))   # ProfilerStep number
+    act_stage: np.ndarray = field(default_factory=lambda: _ints(np.int32))  # named stage, -1 none
+    act_kind: np.ndarray = field(default_factory=lambda: _ints(np.int8))    # index into ACTIONS
+    act_mb: np.ndarray = field(default_factory=lambda: _ints(np.int32))     # micro-batch, -1 unknown
+    # where each action ran, ns on the rank's timeline (the Gantt's clock): the annotation's span
+    # on a host timeline, the span of the compute kernels launched inside it on a GPU; -1 unknown
+    act_start_ns: np.ndarray = field(default_factory=lambda: _ints(np.int64))
+    act_end_ns: np.ndarray = field(default_factory=lambda: _ints(np.int64))
+    p2p: P2PWaits = field(default_factory=P2PWaits)
+
+    def step_order(self, step: int) -> list[str]:
+        """One step's compute actions as torch names them: '2F0' (stage 2, forward, micro-batch 0),
+        'F0' where no stage is named."""
+        sel = self.act_step == step
+        cols = (self.act_stage[sel].tolist(), self.act_kind[sel].tolist(), self.act_mb[sel].tolist())
+        return [(f"{s}" if s >= 0 else "") + ACTIONS[k] + (f"{m}" if m >= 0 else "") for s, k, m in zip(*cols)]
+
+    def labels(self, schedule: Optional[str]) -> list[Optional[str]]:
+        """Each action as the Gantt labels it: 'F3' (forward of micro-batch 3; B, I, W alike), 'F3.1'
+        on a rank that holds several stages (.1: its second model chunk, its stages in order); None
+        where the micro-batch is unknown. Micro-batches numbered from the compute's order are known
+        only when the job's schedule (`schedule`, diag's name) runs them in order: 1F1B or GPipe."""
+        if self.source == "compute" and schedule not in SINGLE_STAGE:
+            return [None] * self.act_kind.size
+        held = sorted(set(self.act_stage[self.act_stage >= 0].tolist()))
+        chunk = {s: i for i, s in enumerate(held)} if len(held) > 1 else {}
+        cols = (self.act_stage.tolist(), self.act_kind.tolist(), self.act_mb.tolist())
+        return [None if m < 0 else f"{ACTIONS[k]}{m}" + (f".{chunk[s]}" if s in chunk else "")
+                for s, k, m in zip(*cols)]
+
+
+def _parse(name: str) -> Optional[list[tuple[int, int, int]]]:
+    """(stage, kind, micro-batch) of the compute actions an annotation names; [] for a pipelining
+    annotation that computes nothing (a transfer's post); None for any other name."""
+    m = _GPIPE_RE.match(name)
+    if m:
+        return [(-1, KIND["F" if m.group(1) == "Forward" else "B"], int(m.group(2)))]
+    m = _OVERLAP_RE.match(name)
+    parts = [_ONE_RE.match(p.strip()) for p in m.group(1).split(";")] if m else [_PP_RE.match(name)]
+    if not all(parts):
+        return None
+    return [(int(p.group(1)), KIND[p.group(2)], int(p.group(3)) if p.group(3) else -1)
+            for p in parts if p.group(2) in KIND]
+
+
+def _annotated(t, steps_of) -> Optional[tuple]:
+    """Actions from pipelining annotations: (source, overlapped, columns), or None; columns as _columns."""
+    parsed = {i: acts for i, n in enumerate(t.symbols.names) if (acts := _parse(n)) is not None}
+    rows = np.flatnonzero(np.isin(t.name_id, list(parsed)) & t.mask(Kind.CPU_OP, Kind.ANNOTATION)) if parsed else []
+    if len(rows) == 0:
+        return None
+    rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
+    step = steps_of(t.ts_ns[rows])
+    acts = [(s, *a, int(t.ts_ns[r]), int(t.end_ns[r]))
+            for r, s in zip(rows.tolist(), step.tolist()) if s >= 0 for a in parsed[int(t.name_id[r])]]
+    names = {int(i): t.symbols[int(i)] for i in np.unique(t.name_id[rows])}
+    gpipe = all(_GPIPE_RE.match(n) for n in names.values())
+    overlapped = int(np.isin(t.name_id[rows], [i for i, n in names.items() if n.endswith("OVERLAP_F_B")]).sum())
+    return "gpipe" if gpipe else "pp", overlapped, _columns(acts)
+
+
+_DTYPES = (np.int64, np.int32, np.int8, np.int32, np.int64, np.int64)
+
+
+def _columns(acts: list[tuple]) -> tuple:
+    """(step, stage, kind, micro-batch, host start, host end) arrays of the actions."""
+    cols = list(zip(*acts)) if acts else [()] * len(_DTYPES)
+    return tuple(np.array(c, d) for c, d in zip(cols, _DTYPES))
+
+
+def _tokens(t, main: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, token, end) in time order: 0 a forward's matrix multiply (main thread, outside
+    autograd nodes and the optimizer), 1 a run of autograd nodes, 2 a point-to-point op."""
+    host = t.mask(Kind.CPU_OP, Kind.ANNOTATION)
+    bwd = np.flatnonzero(t.name_mask(lambda s: s.startswith(_BACKWARD)) & host)
+    b_set = iv.merge(t.ts_ns[bwd], t.end_ns[bwd])
+    opt = np.flatnonzero(t.name_mask(lambda s: s.startswith("Optimizer.")) & host)
+    gemm = np.flatnonzero(t.name_mask(lambda s: s in _GEMMS) & (t.kind == Kind.CPU_OP) & (t.thread == main))
+    outside = iv.merge(np.concatenate([b_set[0], t.ts_ns[opt]]), np.concatenate([b_set[1], t.end_ns[opt]]))
+    fwd = gemm[iv.lengths_in_windows(outside, t.ts_ns[gemm], t.ts_ns[gemm] + 1) == 0]
+    p2p = np.flatnonzero(t.name_mask(lambda s: s in P2P_OPS) & (t.kind == Kind.CPU_OP))
+    at = np.concatenate([t.ts_ns[fwd], b_set[0], t.ts_ns[p2p]])
+    end = np.concatenate([t.end_ns[fwd], b_set[1], t.end_ns[p2p]])
+    token = np.repeat(np.arange(3, dtype=np.int8), [fwd.size, b_set[0].size, p2p.size])
+    order = np.lexsort((token, at))
+    return at[order], token[order], end[order]
+
+
+def _from_compute(t, steps_of, main: int) -> tuple:
+    """Actions from the compute's order (no annotations): a run of forward tokens is a forward,
+    a run of autograd nodes a backward; a point-to-point op, a change of kind or of step ends a
+    run. Micro-batches are numbered in order, as 1F1B and GPipe run them (the Gantt labels them
+    only where the stages' orders are such a schedule's). A run spans from its first op's start
+    to the latest end of its ops."""
+    at, token, end = _tokens(t, main)
+    if at.size == 0:
+        return "compute", 0, _columns([])
+    step = steps_of(at)
+    new_run = np.concatenate([[True], (token[1:] != token[:-1]) | (step[1:] != step[:-1])])
+    run_end = np.maximum.reduceat(end, np.flatnonzero(new_run))
+    keep = ((token < 2) & (step >= 0))[new_run]          # of the runs: actions in analysed steps
+    kind, step = token[new_run][keep], step[new_run][keep]
+    return "compute", 0, (step.astype(np.int64), np.full(kind.size, -1, np.int32), kind.astype(np.int8),
+                          _number_in_order(step, kind), at[new_run][keep], run_end[keep])
+
+
+def _number_in_order(step: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... per (step, kind), in order of appearance."""
+    key = step * 2 + kind
+    order = np.argsort(key, kind="stable")
+    first = np.searchsorted(key[order], key[order], side="left")
+    out = np.empty(key.size, np.int32)
+    out[order] = np.arange(key.size) - first
+    return out
+
+
+def read_rank(rt: RankTrace, w: Window, timeline: str, rc: RankComms) -> PPTrace:
+    """The per-rank pass's reading of the pipeline: its actions and its point-to-point waits."""
+    t = rt.events
+    in_window = np.unique(w.step_index[w.step_index >= 0])
+
+    def steps_of(times: np.ndarray) -> np.ndarray:       # ProfilerStep number of in-window times, -1
+        i = _step_of(w.steps, times)
+        if len(w.steps) == 0:
+            return i
+        return np.where(np.isin(i, in_window), w.steps.number[np.maximum(i, 0)], -1)
+
+    main = main_thread(t, np.flatnonzero(t.name_mask(lambda s: s.startswith("ProfilerStep"))
+                                         & t.mask(Kind.CPU_OP, Kind.ANNOTATION)))
+    source, overlapped, (step, stage, kind, mb, start, end) = \
+        _annotated(t, steps_of) or _from_compute(t, steps_of, main)
+    if step.size == 0:
+        source = ""
+    if timeline == "gpu":
+        start, end = kernel_spans(t, w.rows[t.kind[w.rows] == Kind.COMPUTE], start, end)
+    waits = gpu_waits(rc) if timeline == "gpu" else host_waits(rt, w, in_window, main)
+    return PPTrace(source=source, overlapped=overlapped, act_step=step, act_stage=stage, act_kind=kind,
+                   act_mb=mb, act_start_ns=start, act_end_ns=end, p2p=waits)
