@@ -55,12 +55,13 @@ class ProfilerSession:
         """When the window opens: the bytes its allocation counter cannot see."""
         from torch.profiler import ProfilerAction
 
-        if self.persistent is None or self.baseline is not None or self.prof is None:
+        if self.persistent is None or self.prof is None:
             return
         if getattr(self.prof, "current_action", None) in (ProfilerAction.RECORD,
                                                           ProfilerAction.RECORD_AND_SAVE):
+            persistent, self.persistent = self.persistent, None  # once, even if it fails
             with guard("peak memory"):
-                self.baseline = self.persistent()
+                self.baseline = persistent()
 
     def _export(self, prof) -> None:
         if self.baseline is not None:

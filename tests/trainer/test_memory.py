@@ -124,3 +124,45 @@ def test_recompute_lowers_the_peak_by_the_activations_it_drops(peaks):
     expected_full = (layers - 1) * 15 * s * b * h * 4
     assert 0.8 * expected_full <= full <= 1.25 * expected_full, (full, expected_full)
     assert 0 <= selective <= layers * b * a * s * 4, selective
+
+
+def test_step_peaks_are_the_allocators_bytes(tmp_path):
+    """In-process, known allocations: each profiled step's peak is the baseline (what was alive
+    when the window opened) plus the most bytes the step had allocated at once; the window's
+    first step is not reported. torch's CPU allocator counts the bytes asked for."""
+    import torch
+
+    from instrumented_trainer.config import TelemetryConfig
+    from instrumented_trainer.telemetry.profiler import ProfilerSession
+
+    cfg = TelemetryConfig(out=str(tmp_path), profile_wait=0, profile_warmup=1, profile_active=3,
+                          trace_summary=False)
+    held = torch.zeros(250)  # 1000 B from before the window: only the baseline knows it
+    with ProfilerSession(cfg, rank=0, cuda=False,
+                         persistent=lambda: held.untyped_storage().nbytes()) as prof:
+        for floats in (10, 100, 2000, 500):  # step 0 is before the window, 1 its first step
+            a = torch.empty(floats)
+            b = torch.empty(floats // 2)
+            del a, b
+            prof.step()
+    assert prof.step_peaks == {2: 1000 + 2000 * 4 + 1000 * 4, 3: 1000 + 500 * 4 + 250 * 4}
+
+
+def test_a_failing_measurement_is_one_warning_and_no_peaks(tmp_path, capsys):
+    """Peak memory is telemetry: if it fails the steps go on and the peaks are unknown."""
+    import torch
+
+    from instrumented_trainer.config import TelemetryConfig
+    from instrumented_trainer.telemetry import safe
+    from instrumented_trainer.telemetry.profiler import ProfilerSession
+
+    safe.failures.clear()
+    cfg = TelemetryConfig(out=str(tmp_path), profile_wait=0, profile_warmup=1, profile_active=2,
+                          trace_summary=False)
+    with ProfilerSession(cfg, rank=0, cuda=False, persistent=lambda: 1 // 0) as prof:
+        for _ in range(3):
+            torch.empty(10)
+            prof.step()
+    assert prof.step_peaks is None and prof.exported
+    assert safe.failures["peak memory"] == 1
+    assert capsys.readouterr().err.count("warning: telemetry 'peak memory'") == 1
