@@ -39,8 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elements per DP gradient all-reduce bucket")
     g.add_argument("--data-parallel-sharding-strategy", choices=list(SHARDING),
                    default="no_shard",
-                   help="FSDP2 over the data-parallel ranks: optim_grads (ZeRO-2), "
-                        "optim_grads_params (ZeRO-3)")
+                   help="sharded over the data-parallel ranks: optim (ZeRO-1, as "
+                        "--use-distributed-optimizer), optim_grads (FSDP2 ZeRO-2), "
+                        "optim_grads_params (FSDP2 ZeRO-3)")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="ZeRO-1: optimizer states sharded over the data-parallel ranks "
+                        "(torch's ZeroRedundancyOptimizer); gradients all-reduced, parameters "
+                        "replicated")
     g.add_argument("--num-distributed-optimizer-instances", type=int, default=1,
                    help="with sharding: replicas of the sharded model (HSDP); the data-parallel "
                         "ranks are split into this many groups that each shard it")
@@ -73,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-active", type=int, default=2)
     g.add_argument("--profile-memory", action=argparse.BooleanOptionalAction, default=False,
                    help="record every allocation and free (torch.profiler profile_memory): diag's measured "
-                        "peak memory per rank and its curve over time; larger traces")
+                        "peak memory per rank and its curve over time; larger traces. On CPU always on (the "
+                        "per-step peak in steps.jsonl is read from these events)")
     g.add_argument("--trace-summary", action=argparse.BooleanOptionalAction, default=True,
                    help="each rank summarises its own trace when the profiler finishes (an idle-class "
                         "`diag summarize` subprocess), so `diag analyze` need not parse it again")
@@ -123,7 +129,8 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                     args.data_parallel_sharding_strategy),
                                 num_distributed_optimizer_instances=(
                                     args.num_distributed_optimizer_instances),
-                                recompute_granularity=args.recompute_granularity),
+                                recompute_granularity=args.recompute_granularity,
+                                use_distributed_optimizer=args.use_distributed_optimizer),
         train=TrainConfig(micro_batch_size=args.micro_batch_size,
                           global_batch_size=args.global_batch_size, train_iters=args.train_iters,
                           lr=args.lr, weight_decay=args.weight_decay, seed=args.seed),

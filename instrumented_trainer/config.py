@@ -52,11 +52,13 @@ class ModelConfig:
 SCHEDULES: dict[str, str] = {"gpipe": "loop", "1f1b": "loop", "interleaved-1f1b": "loop",
                              "zb1p": "loop", "zbv": "v", "dualpipev": "v"}
 MULTI_STAGE = ("interleaved-1f1b", "zb1p", "zbv", "dualpipev")  # schedules of v >= 1 stages a rank
-# Megatron-LM's --data-parallel-sharding-strategy: what FSDP2 shards over the data-parallel ranks.
-# optim_grads is ZeRO-2 (fully_shard keeping parameters unsharded from forward to backward),
-# optim_grads_params ZeRO-3 (resharded after forward). ZeRO-1 (`optim`, Megatron's distributed
-# optimizer) has no FSDP2 equivalent and is not offered.
-SHARDING = ("no_shard", "optim_grads", "optim_grads_params")
+# Megatron-LM's --data-parallel-sharding-strategy: what is sharded over the data-parallel ranks.
+# `optim` is ZeRO-1, Megatron's distributed optimizer (--use-distributed-optimizer): only the
+# optimizer states, with torch's ZeroRedundancyOptimizer (FSDP2 has no such mode); optim_grads is
+# ZeRO-2 (FSDP2's fully_shard keeping parameters unsharded from forward to backward),
+# optim_grads_params ZeRO-3 (resharded after forward).
+SHARDING = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+FSDP_SHARDING = ("optim_grads", "optim_grads_params")
 # Megatron-LM's --recompute-granularity: `full` recomputes each transformer layer in backward,
 # `selective` only the core attention (QK^T, softmax, xV), whose activations are the largest.
 RECOMPUTE = ("none", "full", "selective")
@@ -79,6 +81,7 @@ class ParallelConfig:
     data_parallel_sharding_strategy: str = "no_shard"
     num_distributed_optimizer_instances: int = 1  # > 1 with sharding: HSDP's replicas
     recompute_granularity: str = "none"
+    use_distributed_optimizer: bool = False  # ZeRO-1; also implied by the `optim` strategy
 
     def __post_init__(self) -> None:
         if self.recompute_granularity not in RECOMPUTE:
@@ -89,6 +92,12 @@ class ParallelConfig:
                              f"{', '.join(SHARDING)}, got {self.data_parallel_sharding_strategy!r}")
         if self.num_distributed_optimizer_instances < 1:
             raise ValueError("--num-distributed-optimizer-instances must be positive")
+        if self.data_parallel_sharding_strategy == "optim":
+            object.__setattr__(self, "use_distributed_optimizer", True)
+        if self.zero1 and self.num_distributed_optimizer_instances > 1:
+            raise ValueError("--num-distributed-optimizer-instances > 1 needs FSDP2 sharding "
+                             "(optim_grads or optim_grads_params); ZeRO-1 here shards the "
+                             "optimizer over all data-parallel ranks")
         if self.pipeline_schedule not in SCHEDULES:
             raise ValueError(f"--pipeline-schedule must be one of {', '.join(SCHEDULES)}, got "
                              f"{self.pipeline_schedule!r}")
@@ -108,7 +117,13 @@ class ParallelConfig:
 
     @property
     def sharded(self) -> bool:
-        return self.data_parallel_sharding_strategy != "no_shard"
+        """FSDP2 shards the model (ZeRO-2/3); ZeRO-1 keeps replicated DP (`zero1`)."""
+        return self.data_parallel_sharding_strategy in FSDP_SHARDING
+
+    @property
+    def zero1(self) -> bool:
+        """Optimizer states sharded by ZeroRedundancyOptimizer; under FSDP2 they already are."""
+        return self.use_distributed_optimizer and not self.sharded
 
     @property
     def grid(self) -> Layout:

@@ -25,9 +25,10 @@ from instrumented_trainer.faults import Fault
 from instrumented_trainer.model import GPTStage, apply_recompute
 from instrumented_trainer.parallel.data_parallel import GradSync, apply_fsdp
 from instrumented_trainer.parallel.mesh import JobMesh
+from instrumented_trainer.parallel.optimizer import build_optimizer
 from instrumented_trainer.parallel.pipeline import Pipeline, build_pipeline
 from instrumented_trainer.parallel.tensor_parallel import apply_tensor_parallel
-from instrumented_trainer.telemetry import run_metadata
+from instrumented_trainer.telemetry import memory, run_metadata
 from instrumented_trainer.telemetry.comm import CommLog
 from instrumented_trainer.telemetry.commtap import comm_tap
 from instrumented_trainer.telemetry.heartbeat import Heartbeat
@@ -88,32 +89,55 @@ def build_pipeline_for(job: JobConfig, mesh: JobMesh, runtime: Runtime) -> Pipel
                           runtime.device)
 
 
-def train(job: JobConfig) -> list[float]:
-    """Run the job on this rank; returns the per-step losses on the logging rank, else []."""
+@dataclass
+class Setup:
+    """What one rank trains with: its process groups, stages, optimizer and DP sync."""
+
+    runtime: Runtime
+    rank: int
+    mesh: JobMesh
+    comm: CommLog
+    pipe: Pipeline
+    params: list
+    optimizer: object
+    grad_sync: GradSync
+
+
+def set_up(job: JobConfig) -> Setup:
+    """Process groups, this rank's stages (seeded), the optimizer and the DP gradient sync."""
     runtime = Runtime.resolve(job.runtime, int(os.environ.get("LOCAL_RANK", 0)))
     rank, _ = init_distributed(runtime, job.runtime.dist_timeout)
     tel = job.telemetry
-    mesh = JobMesh.build(job.parallel.grid, runtime.device.type)
+    mesh = JobMesh.build(job.parallel.grid, runtime.device.type, job.runtime.dist_timeout)
     comm = CommLog(rank, os.path.join(tel.out, f"comm-rank-{rank}.jsonl") if tel.comm_log
                    else None, cuda=runtime.cuda, timed=bool(tel.prometheus_port))
     torch.manual_seed(job.train.seed)
     pipe = build_pipeline_for(job, mesh, runtime)
     params = [p for module in pipe.modules for p in module.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=job.train.lr, betas=(0.9, 0.95),
-                                  weight_decay=job.train.weight_decay)
+    optimizer = build_optimizer(params, job.train, mesh.group("dp"), mesh.size("dp"),
+                                job.parallel.zero1)
     # replicated DP syncs gradients here; sharded DP (FSDP2, HSDP's replicas too) does it itself
     grad_sync = GradSync(params, mesh.group("dp"),
                          1 if job.parallel.sharded else mesh.size("dp"),
                          job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
                          job.num_micro_batches, comm)
+    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync)
+
+
+def train(job: JobConfig) -> list[float]:
+    """Run the job on this rank; returns the per-step losses on the logging rank, else []."""
+    s = set_up(job)
+    runtime, rank, mesh, comm, pipe = s.runtime, s.rank, s.mesh, s.comm, s.pipe
+    tel = job.telemetry
     coords = mesh.coords
     logs_steps = pipe.has_last and coords.tp_rank == 0 and mesh.dp_rank == 0
     steps = StepLog(tel.out, logs_steps, job.train.global_batch_size * job.model.seq_length,
                     job.train.train_iters)
+    meta_path = os.path.join(tel.out, "diag_run.json")
     if rank == 0:
-        run_metadata.write(os.path.join(tel.out, "diag_run.json"),
-                           run_metadata.build(job, backend=runtime.backend,
-                                              dtype=runtime.dtype_name, cuda=runtime.cuda))
+        run_metadata.write(meta_path, run_metadata.build(job, backend=runtime.backend,
+                                                         dtype=runtime.dtype_name,
+                                                         cuda=runtime.cuda))
     sampler = MetricsSampler(os.path.join(tel.out, f"metrics-rank-{rank}.jsonl"), rank,
                              tel.metrics_interval, prefer_gpu=runtime.cuda,
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
@@ -122,35 +146,60 @@ def train(job: JobConfig) -> list[float]:
     heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
     tapped = tel.comm_log or tel.profile or bool(tel.prometheus_port)
     stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
-    with sampler, ProfilerSession(tel, rank, runtime.cuda) as profiler, \
+    window = cpu_memory_window(job, runtime)
+    with sampler, ProfilerSession(tel, rank, runtime.cuda,
+                                  persistent=lambda: memory.persistent_bytes(s.params, s.optimizer)
+                                  ) as profiler, \
             comm_tap(comm, mesh.axis_groups(), enabled=tapped):
         for step in range(job.train.train_iters):
             heartbeat.beat(step)
             comm.step = step
             faults.before_step(step, stall, slow)  # flight recorder tests: off unless --fault-* given
             start = time.perf_counter()
-            loss = train_step(job, step, pipe, mesh, optimizer, grad_sync, comm, runtime)
+            loss = train_step(job, step, pipe, mesh, s.optimizer, s.grad_sync, comm, runtime)
             if runtime.cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            steps.record(step, loss, seconds, peak_memory(runtime))
+            steps.record(step, loss, seconds, peak_memory(runtime), pending=step in window)
             comm.flush()
             if live is not None:
                 with guard("prometheus metrics"):
                     live.publish(steps.last, comm.last_step)
             heartbeat.hold()             # a trace export may outlast --dist-timeout: not a stall
             profiler.step()
+            if window and step == window[-1]:  # the window's trace is out: its steps' peaks
+                steps.resolve(memory.reduce_peaks(profiler.step_peaks, list(window)))
+                if live is not None and steps.peak is not None:
+                    live.set_peak_memory(steps.peak)
         heartbeat.done()
     comm.close()
     steps.close()
+    if rank == 0 and steps.peak is not None:  # the record again, with the largest measured peak
+        run_metadata.write(meta_path, run_metadata.build(
+            job, backend=runtime.backend, dtype=runtime.dtype_name, cuda=runtime.cuda,
+            peak_memory_bytes=steps.peak))
     dist.barrier()
     dist.destroy_process_group()
     return steps.losses
 
 
+def cpu_memory_window(job: JobConfig, runtime: Runtime) -> range:
+    """The steps whose peak memory a CPU run measures: the profiler's active steps but the first
+    (whose counter misses what the step before it left alive: telemetry.memory), if the run
+    reaches the window's end, where the peaks are reduced over the ranks; else none."""
+    tel = job.telemetry
+    first = tel.profile_wait + tel.profile_warmup
+    window = range(first + 1, first + tel.profile_active)
+    if runtime.cuda or not tel.profile or not window or window[-1] >= job.train.train_iters:
+        return range(0)
+    return window
+
+
 def peak_memory(runtime: Runtime) -> int | None:
     """The largest CUDA allocator peak of any rank in the step just ended, then reset (one MAX
-    all-reduce, outside the timed step); None on CPU or if it fails (a warning, not a zero)."""
+    all-reduce, outside the timed step); None if it fails (a warning, not a zero). None on CPU:
+    there the profiled steps' peaks come from the profiler (telemetry.memory) when its window
+    closes."""
     if not runtime.cuda:
         return None
     with guard("peak memory"):

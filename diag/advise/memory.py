@@ -200,8 +200,8 @@ class MemoryModel:
 def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
     """lay, then lay with more and more memory levers, cheapest first: sequence parallelism (no
     extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-2 (the same
-    gradient volume, reduce-scattered; ZeRO-1 is skipped: the instrumented trainer shards with
-    FSDP2, whose least sharding is optimizer and gradients), selective recompute (attention only),
+    gradient volume, reduce-scattered; ZeRO-1 is skipped: the ladder was written when the
+    instrumented trainer had only FSDP2, whose least sharding is optimizer and gradients), selective recompute (attention only),
     ZeRO-3 (the weights all-gathered again in forward and backward), full recompute (one more
     forward)."""
     out = [lay]

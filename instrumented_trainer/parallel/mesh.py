@@ -5,13 +5,23 @@ order them (pipeline outermost, tensor-parallel innermost: `rank = tp + tp_size 
 pp)`), so diag's rank arithmetic and torch's agree. Every process group the job uses is a mesh
 dimension's group, named `mesh_<axis>` in the traces' `pg_config`, which is how diag finds the
 layout and each collective's axis in a trace that carries nothing else.
+
+Every dimension's groups get the job's `--dist-timeout`: a sub-group created without one takes
+c10d's default (30 minutes on gloo), not the default group's, so a stuck TP or PP collective
+would outlive the timeout the job was given. `init_device_mesh` passes a timeout on only through
+a backend override's options (`Options._timeout`), so every dimension gets one; it also gives
+a dimension spanning the whole job its own group instead of the default one, named
+`mesh_<axis>` in the traces (the default group is `default_pg`: its axis would be lost).
 """
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as C10dBackend
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from diag.layout import RANK_ORDER, Coords, Layout
@@ -20,6 +30,21 @@ from diag.layout import RANK_ORDER, Coords, Layout
 # mesh dimension, of size 1 if unused, so code can always ask for mesh["tp"].
 TRAINER_AXES = ("tp", "dp_shard", "dp", "pp")
 MESH_AXES = tuple(a for a in reversed(RANK_ORDER.split("-")) if a in TRAINER_AXES)
+
+
+def group_options(backend: str, timeout: datetime.timedelta):
+    """Backend options carrying `timeout` (NCCL's own options class, else c10d's generic one)."""
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    return C10dBackend.Options(backend, timeout)
+
+
+def group_timeout(group) -> datetime.timedelta:
+    """The timeout a process group's backend was created with (the c10d backend's options)."""
+    device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+    return group._get_backend(device).options._timeout
 
 
 @dataclass
@@ -31,14 +56,12 @@ class JobMesh:
     rank: int
 
     @classmethod
-    def build(cls, layout: Layout, device_type: str) -> "JobMesh":
+    def build(cls, layout: Layout, device_type: str, timeout_s: float) -> "JobMesh":
         sizes = tuple(layout.size(a) for a in MESH_AXES)
-        # A dimension spanning the whole job would reuse the default group, named `default_pg`
-        # in the traces: its axis would be lost. Its own group keeps the name `mesh_<axis>`.
-        world = layout.world_size
-        own = {a: dist.get_backend() for a, n in zip(MESH_AXES, sizes) if n == world > 1}
+        backend = dist.get_backend()
+        options = group_options(backend, datetime.timedelta(seconds=timeout_s))
         mesh = init_device_mesh(device_type, sizes, mesh_dim_names=MESH_AXES,
-                                backend_override=own or None)
+                                backend_override={a: (backend, options) for a in MESH_AXES})
         return cls(mesh, layout, dist.get_rank())
 
     @property

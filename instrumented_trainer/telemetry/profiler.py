@@ -22,6 +22,7 @@ import torch
 
 from diag.trace.safeio import exclusive_temp_path
 
+from . import memory
 from .safe import guard, warn_once
 
 SUMMARY_WAIT_S = 120.0
@@ -34,17 +35,38 @@ def trace_path(out: str, rank: int) -> str:
 class ProfilerSession:
     """Context manager around torch.profiler.profile; `step()` after every training step.
 
-    `factory` is torch.profiler.profile by default; tests pass one that fails.
+    `factory` is torch.profiler.profile by default; tests pass one that fails. Given
+    `persistent` (a function returning the bytes of what outlives a step), a CPU run also
+    records the allocator's events and measures each profiled step's peak (`step_peaks`, from
+    telemetry.memory; None if that failed).
     """
 
-    def __init__(self, cfg, rank: int, cuda: bool, factory=None) -> None:
+    def __init__(self, cfg, rank: int, cuda: bool, factory=None, persistent=None) -> None:
         self.cfg, self.rank, self.cuda = cfg, rank, cuda
         self.factory = factory or torch.profiler.profile
         self.prof = None
         self.exported: str | None = None
         self.summarizer: subprocess.Popen | None = None
+        self.persistent = persistent if cfg.profile and not cuda else None
+        self.baseline: int | None = None
+        self.step_peaks: dict[int, int] | None = None
+
+    def _take_baseline(self) -> None:
+        """When the window opens: the bytes its allocation counter cannot see."""
+        from torch.profiler import ProfilerAction
+
+        if self.persistent is None or self.prof is None:
+            return
+        if getattr(self.prof, "current_action", None) in (ProfilerAction.RECORD,
+                                                          ProfilerAction.RECORD_AND_SAVE):
+            persistent, self.persistent = self.persistent, None  # once, even if it fails
+            with guard("peak memory"):
+                self.baseline = persistent()
 
     def _export(self, prof) -> None:
+        if self.baseline is not None:
+            with guard("peak memory"):
+                self.step_peaks = memory.step_peaks(prof, self.baseline)
         with guard("profiler export"):
             os.makedirs(self.cfg.out, exist_ok=True)
             path = trace_path(self.cfg.out, self.rank)
@@ -93,10 +115,12 @@ class ProfilerSession:
                                                  active=self.cfg.profile_active, repeat=1),
                 on_trace_ready=self._export,
                 record_shapes=True,
-                profile_memory=self.cfg.profile_memory,
+                # --profile-memory, or on CPU always: the measured peak is read from these events
+                profile_memory=self.cfg.profile_memory or self.persistent is not None,
             )
             prof.__enter__()
             self.prof = prof
+        self._take_baseline()  # a window that opens at the first step
         return self
 
     def step(self) -> None:
@@ -107,6 +131,7 @@ class ProfilerSession:
         except Exception as exc:  # noqa: BLE001 - a broken profiler must not stop training
             warn_once("profiler", exc)
             self._stop()
+        self._take_baseline()
 
     def _stop(self) -> None:
         prof, self.prof = self.prof, None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .safe import guard
 
@@ -66,6 +66,7 @@ class Snapshot:
     bubble: float | None = None
     comm: dict = field(default_factory=dict)  # (axis, op) -> CommTotals (a copy)
     busbw: dict = field(default_factory=dict)  # (axis, op) -> bytes/s over the last step
+    peak_memory: int | None = None  # the last measured step peak, largest over the ranks
 
 
 @dataclass
@@ -98,7 +99,16 @@ class LiveStats:
             timestamp=time.time(), tokens_per_second=record["tokens_per_second"],
             tokens=old.tokens + self.tokens_per_step, mfu=mfu,
             bubble=min(1.0, pp_exposed / seconds) if self.pp > 1 and seconds > 0 else None,
-            comm=totals, busbw=busbw)
+            comm=totals, busbw=busbw,
+            peak_memory=_first(record.get("peak_memory_bytes"), old.peak_memory))
+
+    def set_peak_memory(self, value: int) -> None:
+        """A peak measured after its step was published (CPU: when the profiler window closes)."""
+        self.snapshot = replace(self.snapshot, peak_memory=value)
+
+
+def _first(*values):
+    return next((v for v in values if v is not None), None)
 
 
 def _accumulate(previous: dict, comm_records: list[dict]) -> tuple[dict, dict, float]:
@@ -193,6 +203,11 @@ class TrainerCollector:
         if s.bubble is not None:
             yield self._one("gauge", "diag_pipeline_bubble_ratio",
                             "last step's share spent waiting on pipeline send/recv", s.bubble)
+        if s.peak_memory is not None:
+            yield self._one("gauge", "diag_peak_memory_bytes",
+                            "largest allocated-memory peak of any rank in the last measured step "
+                            "(CUDA allocator; on CPU the profiled steps' allocation events)",
+                            s.peak_memory)
 
     def _comm_metrics(self, s: Snapshot):
         table = (("diag_collective_seconds", "time from launch to completion", "seconds"),

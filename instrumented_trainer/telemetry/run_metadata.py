@@ -36,8 +36,10 @@ def device_name(cuda: bool) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def build(job, *, backend: str, dtype: str, cuda: bool) -> RunFacts:
-    """The metadata record of a run."""
+def build(job, *, backend: str, dtype: str, cuda: bool,
+          peak_memory_bytes: int | None = None) -> RunFacts:
+    """The metadata record of a run; `peak_memory_bytes`: the largest measured step peak of any
+    rank (written again at the end of the run, when it is known)."""
     m, grid, t, tel = job.model, job.parallel.grid, job.train, job.telemetry
     name = device_name(cuda)
     return RunFacts(
@@ -55,9 +57,10 @@ def build(job, *, backend: str, dtype: str, cuda: bool) -> RunFacts:
         pipeline_schedule=job.pipeline_schedule,
         virtual_pipeline_stages=job.parallel.virtual_stages(m.num_layers),
         sequence_parallel=job.parallel.sequence_parallel,
-        use_distributed_optimizer=False,  # ZeRO-1 is not in the trainer; FSDP2's stages are below
+        use_distributed_optimizer=job.parallel.use_distributed_optimizer,
         data_parallel_sharding_strategy=job.parallel.data_parallel_sharding_strategy,
         recompute_granularity=job.parallel.recompute_granularity,
+        peak_memory_bytes=peak_memory_bytes,
         overlap_grad_reduce=job.parallel.overlap_grad_reduce,
         ddp_bucket_size=job.parallel.ddp_bucket_size,
         train_iters=t.train_iters, lr=t.lr, seed=t.seed,

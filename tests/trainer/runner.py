@@ -53,3 +53,33 @@ def run_trainer(out: Path, nproc: int, *args: str, timeout: float = 300.0) -> Ru
 
 def assert_ok(run: Run) -> None:
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+
+
+def run_workers(module: str, out: Path, nproc: int, *args: str, timeout: float = 300.0) -> list[dict]:
+    """Run `python -m module OUT ARGS` as `nproc` ranks of one job (the environment torchrun
+    gives); returns each rank's `rank-<r>.json` record."""
+    from diag.ports import free_port
+
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        procs.append(subprocess.Popen([sys.executable, "-m", module, str(out), *TINY, *args],
+                                      cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail(f"{module} timed out after {timeout}s")
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]

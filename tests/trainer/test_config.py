@@ -23,6 +23,9 @@ BAD = {
                                     "--num-layers", "4"], "--num-layers 4"),
     "batch not divisible": (["--nproc", "2", "--micro-batch-size", "3",
                              "--global-batch-size", "8"], "--global-batch-size 8"),
+    "zero1 with optimizer instances": (["--nproc", "4", "--use-distributed-optimizer",
+                                        "--num-distributed-optimizer-instances", "2"],
+                                       "--num-distributed-optimizer-instances"),
 }
 
 
@@ -49,3 +52,25 @@ def test_valid_configuration_builds_job():
     job = job_from_args(args, 8, ["python"])
     assert job.parallel.grid.dp == 2 and job.num_micro_batches == 2
     assert job.model.ffn_hidden_size == 256
+
+
+@pytest.mark.parametrize("flags", [["--use-distributed-optimizer"],
+                                   ["--data-parallel-sharding-strategy", "optim"]])
+def test_both_zero1_spellings_are_one_job(flags):
+    """Megatron-LM's `--use-distributed-optimizer` and the `optim` sharding strategy are ZeRO-1:
+    replicated DP (no FSDP2, no dp_shard axis) with the optimizer states sharded."""
+    from instrumented_trainer.cli import build_parser, job_from_args
+
+    job = job_from_args(build_parser().parse_args(flags), 2, ["python"])
+    assert job.parallel.use_distributed_optimizer and job.parallel.zero1
+    assert not job.parallel.sharded and job.parallel.grid.dp == 2
+
+
+def test_distributed_optimizer_under_fsdp_is_fsdps_own():
+    """With FSDP2 sharding the states are sharded already: no second sharding on top."""
+    from instrumented_trainer.cli import build_parser, job_from_args
+
+    args = build_parser().parse_args(["--use-distributed-optimizer",
+                                      "--data-parallel-sharding-strategy", "optim_grads"])
+    job = job_from_args(args, 2, ["python"])
+    assert job.parallel.sharded and not job.parallel.zero1

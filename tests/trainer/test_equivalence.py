@@ -2,8 +2,8 @@
 
 Same seed, same synthetic global batch, parameters initialised from the full weights: the loss
 of TP (DTensor, with and without sequence parallelism), PP (torch.distributed.pipelining: GPipe,
-1F1B, interleaved 1F1B, the zero-bubble schedules, uneven stages), DP (replicated; FSDP2 ZeRO-2,
-ZeRO-3 and HSDP), activation recomputation (full, selective) and TPxPPxDP runs must
+1F1B, interleaved 1F1B, the zero-bubble schedules, uneven stages), DP (replicated; ZeRO-1 with
+ZeroRedundancyOptimizer, also under TP and PP; FSDP2 ZeRO-2, ZeRO-3 and HSDP), activation recomputation (full, selective) and TPxPPxDP runs must
 match the 1x1x1 run for 10 steps. fp32 reductions split across ranks change the summation order
 (a TP all-reduce adds two partial dot products, a DP all-reduce two partial gradient sums), so
 bit-equality is not expected. The tolerance is 1e-5 relative: fp32's unit roundoff is 6e-8, and
@@ -34,6 +34,10 @@ LAYOUTS = {
     "pp2_dualpipev": (2, [*PP2, "--pipeline-schedule", "dualpipev"]),
     "dp2": (2, []),
     "dp2_overlap_small_buckets": (2, ["--overlap-grad-reduce", "--ddp-bucket-size", "4096"]),
+    "dp2_zero1": (2, ["--use-distributed-optimizer"]),
+    "tp2_dp2_zero1": (4, ["--tensor-model-parallel-size", "2",
+                          "--data-parallel-sharding-strategy", "optim"]),
+    "pp2_dp2_zero1": (4, [*PP2, "--use-distributed-optimizer"]),
     "dp2_zero3": (2, ["--data-parallel-sharding-strategy", "optim_grads_params"]),
     "pp2_dp2_zero2": (4, [*PP2, "--data-parallel-sharding-strategy", "optim_grads"]),
     "tp2_sp_dp2_zero3_gpipe": (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",

@@ -69,6 +69,21 @@ def test_collector_exposes_latest_snapshot():
     assert get("diag_gpu_power_watts", LABELS) is None
 
 
+def test_peak_memory_is_the_last_measured_one():
+    """GPU steps carry their peak; a CPU run's arrives when the profiler window closes; a step
+    without a measurement keeps the last one, and none measured is no series (not a 0)."""
+    live = LiveStats(tokens_per_step=1, train_iters=3, world_size=1)
+    get = _registry(live).get_sample_value
+    live.publish({"step_seconds": 1.0, "tokens_per_second": 1.0, "peak_memory_bytes": None}, [])
+    assert get("diag_peak_memory_bytes", LABELS) is None
+    live.publish({"step_seconds": 1.0, "tokens_per_second": 1.0, "peak_memory_bytes": 4096}, [])
+    live.publish({"step_seconds": 1.0, "tokens_per_second": 1.0, "peak_memory_bytes": None}, [])
+    assert get("diag_peak_memory_bytes", LABELS) == 4096
+    live.set_peak_memory(5000)
+    assert get("diag_peak_memory_bytes", LABELS) == 5000
+    assert get("diag_steps_total", LABELS) == 3
+
+
 def test_before_the_first_step_only_the_plan_is_exported():
     live = LiveStats(tokens_per_step=1, train_iters=3, world_size=1)
     text = prometheus_client.generate_latest(_registry(live)).decode()
