@@ -81,14 +81,31 @@ def test_peak_per_rank_is_the_largest_total_allocated_in_the_window(pp_run, pp_d
         assert p.device == "CPU" and p.stage == p.rank and p.lower_bound and p.events > 0
 
 
-def test_a_cpu_peak_is_a_lower_bound_and_does_not_calibrate(pp_diag):
-    """The CPU allocator's total starts with the profiler: the job's peak stays unknown, says why,
-    and the model is not calibrated on it."""
-    m = pp_diag.memory
-    assert pp_diag.facts.peak_memory_bytes is None and m.peak_source is None
+def test_a_cpu_peak_is_a_lower_bound_and_does_not_calibrate(pp_run, tmp_path):
+    """The CPU allocator's total in a trace starts with the profiler: without a measured peak in
+    diag_run.json (a trace from elsewhere) the job's peak stays unknown, says why, and the model
+    is not calibrated on it."""
+    run = shutil.copytree(pp_run, tmp_path / "run")
+    meta = json.loads((run / "diag_run.json").read_text())
+    meta["peak_memory_bytes"] = None
+    (run / "diag_run.json").write_text(json.dumps(meta))
+    d = with_advice(diagnose(load_job(str(run))))
+    m = d.memory
+    assert d.facts.peak_memory_bytes is None and m.peak_source is None
     assert "lower bound" in m.unknown and "profile_memory=True" in m.unknown
     assert m.model_basis.startswith("not calibrated") and [p.stage for p in m.model] == [0, 1]
     assert all(abs(p.weights + p.grads + p.optimizer + p.activations - p.total) < 1 for p in m.model)
+
+
+def test_the_trainers_cpu_peak_calibrates(pp_run, pp_diag):
+    """Our trainer adds what the profiler cannot see (parameters and optimizer states alive before
+    it started) and writes the peak into diag_run.json: that is the job's peak, above the traces'
+    lower bound, and the model is calibrated on it."""
+    steps = [json.loads(x) for x in open(os.path.join(pp_run, "steps.jsonl")) if x.strip()]
+    measured = max(r["peak_memory_bytes"] for r in steps if r["peak_memory_bytes"])
+    assert pp_diag.facts.peak_memory_bytes == measured and pp_diag.memory.peak_source == "diag_run.json"
+    assert measured > max(p.peak_bytes for p in pp_diag.memory.ranks)
+    assert not pp_diag.memory.model_basis.startswith("not calibrated")
 
 
 def test_the_curve_of_each_stage_keeps_its_peak(pp_run, pp_diag):
