@@ -1,0 +1,72 @@
+"""Calibration of the host operators' fixed cost and DTensor's dispatch, worked by hand.
+
+A job synthesised by the step-time model (test_recommend's way) gives a diagnosis with known
+compute; each rank is then given the HostOps a CPU trace would carry, and calibrate() must take
+the fixed part out of what scales with the micro-batch.
+"""
+from dataclasses import replace
+
+import pytest
+
+from diag.advise import Config, Links, Workload, simulate
+from diag.advise.calibrate import calibrate, with_micro_batch
+from diag.advise.synth import write_job
+from diag.analysis import diagnose
+from diag.analysis.results import HostOps
+from diag.trace import load_job
+
+MS = 1e-3
+
+
+def diagnosis(tmp_path, w, c, host: HostOps):
+    write_job(simulate(w, c, Links(), steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    for r in d.ranks:
+        r.host_ops = host
+    return d
+
+
+def test_fixed_cost_comes_out_of_the_scaled_compute(tmp_path):
+    """4 layers, forward 1 ms, m=2 of micro-batch 2: compute 2 x 4 x 3 = 24 ms per step. The trace's
+    fixed cost: 1,000 ATen calls x 2 us + 4 ms non-ATen self time = 6 ms per step, 0.75 ms per layer
+    and micro-batch; what scales: (24 - 6) / (2 x 4 x 3) = 0.75 ms forward. The model gives back
+    2 x 4 x (0.75 x 3 + 0.75) = 24 ms; micro-batch 4, m=1: 4 x (1.5 x 3 + 0.75) = 21 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    host = HostOps(ops_per_step=1500, optimizer_ops_per_step=200, aten_ops_per_step=1000, aten_op_s=2e-6,
+                   framework_per_step_s=4 * MS)
+    cal = calibrate(diagnosis(tmp_path, w, c, host))
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.dtensor_s_per_layer == 0.0
+    assert cal.model_step_s == pytest.approx(24 * MS, rel=1e-3)
+    big = replace(c, micro_batch_size=4, num_micro_batches=1)
+    assert cal.model(big, with_micro_batch(cal.workload, 2, 4)) == pytest.approx(21 * MS, rel=1e-3)
+    assert any("fixed cost 0.75 ms per layer per micro-batch" in a for a in cal.assumptions)
+
+
+def test_dtensor_dispatch_vanishes_at_tp_one(tmp_path):
+    """TP=2, 2 layers, forward 4 ms at TP=1 (2 ms per rank), m=2: compute 2 x 2 x 6 = 24 ms. Fixed
+    cost 8 ms per step, of which DTensor's dispatch 6 ms: per layer and micro-batch 0.5 ms host,
+    1.5 ms DTensor; scaled forward (24 - 8) x 2 / (2 x 2 x 3) = 2.667 ms at TP=1. At TP=1 (same m,
+    free links): 2 x 2 x (2.667 x 3 + 0.5) = 34 ms; at TP=2: 24 ms again."""
+    w = Workload(num_layers=2, fwd_s_per_layer=4 * MS)
+    c = Config(tp=2, num_micro_batches=2)
+    host = HostOps(ops_per_step=1000, optimizer_ops_per_step=0, aten_ops_per_step=500, aten_op_s=2e-6,
+                   framework_per_step_s=7 * MS, dtensor_per_step_s=6 * MS)
+    cal = calibrate(diagnosis(tmp_path, w, c, host))
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
+    assert cal.workload.dtensor_s_per_layer == pytest.approx(1.5 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(8 / 3 * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(24 * MS, rel=1e-3)
+    assert cal.model(replace(c, tp=1)) == pytest.approx(34 * MS, rel=1e-3)
+
+
+def test_no_host_ops_no_fixed_cost(tmp_path):
+    """GPU traces carry no HostOps: the calibration is as before (forward 1 ms, nothing fixed)."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    write_job(simulate(w, c, Links(), steps=4), str(tmp_path), c, w)
+    cal = calibrate(diagnose(load_job(str(tmp_path))))
+    assert cal.workload.host_fixed_s_per_layer == 0.0 and cal.workload.dtensor_s_per_layer == 0.0
+    assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
