@@ -70,3 +70,19 @@ def test_no_host_ops_no_fixed_cost(tmp_path):
     cal = calibrate(diagnose(load_job(str(tmp_path))))
     assert cal.workload.host_fixed_s_per_layer == 0.0 and cal.workload.dtensor_s_per_layer == 0.0
     assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
+
+
+def test_fixed_cost_trips_the_micro_batch_rule(tmp_path):
+    """4 layers, forward 1 ms, m=4 of micro-batch 1: compute 4 x 4 x 3 = 48 ms, of which the trace
+    shows 24 ms fixed (half the step): 1.5 ms per layer and micro-batch, forward 0.5 ms. Micro-batch
+    2 (m=2): 2 x 4 x (1 x 3 + 1.5) = 36 ms; micro-batch 4 (m=1): 4 x (2 x 3 + 1.5) = 30 ms, the best."""
+    from diag.advise.recommend import advise
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=4, micro_batch_size=1)
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=24 * MS)
+    rec = next(r for r in advise(diagnosis(tmp_path, w, c, host)).recommendations if r.rule == "micro_batch")
+    assert rec.flags == {"--micro-batch-size": "4"}
+    assert rec.evidence[-1].metric.startswith("host operators' fixed cost")
+    assert rec.evidence[-1].value == pytest.approx(0.5, rel=1e-3)
+    assert rec.step_s_after == pytest.approx(30 * MS, rel=1e-3)
