@@ -61,3 +61,14 @@ def test_dtensor_dispatch_counted_only_with_its_marks(tmp_path):
     assert h.framework_per_step_s == pytest.approx(120 * US)
     assert h.aten_ops_per_step == 6 and h.aten_op_s == pytest.approx(6 * US)
     assert h.fixed_per_step_s == pytest.approx(6 * 6 * US + 120 * US)
+
+
+def test_a_preempted_call_does_not_inflate_the_fixed_cost(tmp_path):
+    """Three `detach` calls of 10, 10 and 100 us (the last one preempted): counted as 3 x their
+    median 10 us = 30 us, not their 120 us sum; one `aten::view` of 2 us."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    b.cpu_op("detach", 100, 10).cpu_op("detach", 200, 10).cpu_op("detach", 300, 100).cpu_op("aten::view", 500, 2)
+    b.cpu_op("aten::mm", 1001, 499).write(str(tmp_path / "rank0.json"))
+    h = summarize(load_job(str(tmp_path)).ranks[0]).result.host_ops
+    assert h.framework_per_step_s == pytest.approx(30 * US)
+    assert h.fixed_per_step_s == pytest.approx(32 * US)

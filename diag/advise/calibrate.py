@@ -141,11 +141,12 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
     notes.append(f"host operators' fixed cost {host * 1e3:.3g} ms per layer per micro-batch (forward + backward, "
                  f"held at any micro-batch size and TP): {h.aten_ops_per_step:,.0f} ATen calls per step x "
                  f"{h.aten_op_s * 1e6:.3g} us (their median self time) + {h.framework_per_step_s * 1e3:.3g} ms "
-                 f"self time of non-ATen operators (rank {d.ranks[0].rank}; mean over ranks used), outside "
+                 f"of non-ATen operators (calls x median self time, per name; rank {d.ranks[0].rank}, the mean "
+                 f"over ranks used), outside "
                  f"torch.optim's spans; small-GEMM inefficiency is not in it")
     if dtensor > 0:
         notes.append(f"DTensor dispatch {dtensor / per_stage_mb_layers * 1e3:.3g} ms per layer per micro-batch, "
-                     f"from {dtensor * 1e3:.3g} ms per step of its wrappers' and Python dispatch's self time: "
+                     f"from {dtensor * 1e3:.3g} ms per step of its wrappers and Python dispatch (calls x median self time): "
                      f"paid at TP > 1 only")
     return host, dtensor / per_stage_mb_layers
 

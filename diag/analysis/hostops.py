@@ -11,9 +11,11 @@ micro-batches; dropping DTensor's tensor parallelism). Counted here, per rank, f
 - the fixed cost of those outside the optimizer: ATen operators x the median self time of an ATen
   operator (its duration less its nested operators'; most ATen calls of a step are views,
   allocations and wrappers whose work is done by their children, so the median is what a call
-  costs when it does little data work), plus the whole self time of the non-ATen operators
-  (autograd nodes and engine calls, Python dispatch, DTensor's wrappers: their data work runs in
-  the ATen calls nested in them, so what is left is fixed cost per call);
+  costs when it does little data work), plus the self time of the non-ATen operators (autograd
+  nodes and engine calls, Python dispatch, DTensor's wrappers: their data work runs in the ATen
+  calls nested in them, so what is left is fixed cost per call), as calls x the median self time
+  of their name: a call the OS preempted holds the lost time in its self time, and on a loaded
+  machine the plain sum was 4x what the same job showed unloaded (the per-name medians agreed);
 - of that, DTensor's dispatch layer: when the trace has DTensor's marks (rankpass.DTENSOR_RE),
   the self time of its wrappers and of the Python dispatch it runs in (DTENSOR_COST_RE), which
   a run without DTensor does not pay.
@@ -86,6 +88,12 @@ def _inside(t: EventTable, rows: np.ndarray, spans: np.ndarray) -> np.ndarray:
     return inside
 
 
+def calls_x_median_ns(t: EventTable, calls: np.ndarray, selfs: np.ndarray, mask: np.ndarray) -> float:
+    """Sum over the names of `calls[mask]` of their count x their median self time (ns)."""
+    ids, vals = t.name_id[calls[mask]], selfs[mask]
+    return float(sum((ids == i).sum() * np.median(vals[ids == i]) for i in np.unique(ids)))
+
+
 def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostOps]:
     """Operator counts and fixed costs of a host timeline's window; None without operators."""
     in_step = w.step_index >= 0
@@ -108,5 +116,5 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
         optimizer_ops_per_step=float((work & in_opt).sum()) / steps,
         aten_ops_per_step=float((aten & ~in_opt).sum()) / steps,
         aten_op_s=float(np.median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
-        framework_per_step_s=float(selfs[framework].sum()) * 1e-9 / steps,
-        dtensor_per_step_s=float(selfs[dtensor].sum()) * 1e-9 / steps)
+        framework_per_step_s=calls_x_median_ns(t, calls, selfs, framework) * 1e-9 / steps,
+        dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps)

@@ -73,7 +73,7 @@ class HostOps:
     optimizer_ops_per_step: float     # of which inside torch.optim's `Optimizer.*` spans
     aten_ops_per_step: float          # ATen operators outside the optimizer's spans
     aten_op_s: float                  # median self time of an ATen operator: its fixed cost
-    framework_per_step_s: float       # self time of the non-ATen operators outside the optimizer's spans
+    framework_per_step_s: float       # non-ATen operators outside the optimizer's spans: calls x median self time, per name
     dtensor_per_step_s: float = 0.0   # of which DTensor's dispatch layer (0 without DTensor)
 
     @property
