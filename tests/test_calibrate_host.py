@@ -86,3 +86,21 @@ def test_fixed_cost_trips_the_micro_batch_rule(tmp_path):
     assert rec.evidence[-1].metric.startswith("host operators' fixed cost")
     assert rec.evidence[-1].value == pytest.approx(0.5, rel=1e-3)
     assert rec.step_s_after == pytest.approx(30 * MS, rel=1e-3)
+
+
+def test_recompute_pays_the_forward_share_again(tmp_path):
+    """Full recompute, 4 layers, forward 1 ms, m=1: compute 4 x (1 + 2 + 1) = 16 ms. The trace's
+    fixed cost 4 ms per step is paid by forward, backward and the recomputed forward: per layer
+    4 / (4 x (1 + 1/3)) = 0.75 ms; scaled forward (16 - 4) / (4 x 4) = 0.75 ms. The model gives
+    back 4 x (0.75 x 4 + 0.75 x 4/3) = 16 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, recompute="full")
+    c = Config()
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=10, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=4 * MS)
+    d = diagnosis(tmp_path, w, c, host)
+    d.facts.recompute_granularity = "full"
+    cal = calibrate(d)
+    assert cal.workload.recompute == "full"
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(16 * MS, rel=1e-3)

@@ -135,8 +135,8 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
     if fixed >= min(compute):
         notes.append("host operators' fixed cost not modelled: it exceeds the measured compute of a stage")
         return 0.0, 0.0
-    share_f = 1.0 / (1.0 + BWD_RATIO)
-    host = (fixed - dtensor) / per_stage_mb_layers / (1.0 + share_f * recompute)
+    per_layer = per_stage_mb_layers * (1.0 + recompute / (1.0 + BWD_RATIO))   # a recomputed forward pays again
+    host, dtensor = (fixed - dtensor) / per_layer, dtensor / per_layer
     h = ranks[0]
     notes.append(f"host operators' fixed cost {host * 1e3:.3g} ms per layer per micro-batch (forward + backward, "
                  f"held at any micro-batch size and TP): {h.aten_ops_per_step:,.0f} ATen calls per step x "
@@ -144,11 +144,14 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
                  f"of non-ATen operators (calls x median self time, per name; rank {d.ranks[0].rank}, the mean "
                  f"over ranks used), outside "
                  f"torch.optim's spans; small-GEMM inefficiency is not in it")
+    if not any(r.optimizer_ops_per_step for r in ranks):
+        notes.append("no torch.optim `Optimizer.*` spans in the trace: the optimizer's operators, if any, are "
+                     "counted in the fixed cost per micro-batch (an overestimate that shrinks with more micro-batches)")
     if dtensor > 0:
-        notes.append(f"DTensor dispatch {dtensor / per_stage_mb_layers * 1e3:.3g} ms per layer per micro-batch, "
-                     f"from {dtensor * 1e3:.3g} ms per step of its wrappers and Python dispatch (calls x median self time): "
+        notes.append(f"DTensor dispatch {dtensor * 1e3:.3g} ms per layer per micro-batch, from its wrappers and "
+                     f"Python dispatch (calls x median self time, per step {dtensor * per_layer * 1e3:.3g} ms): "
                      f"paid at TP > 1 only")
-    return host, dtensor / per_stage_mb_layers
+    return host, dtensor
 
 
 def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[float]]:
@@ -200,7 +203,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
     mb_layers = m * (layers // pp)
     host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes)
-    fixed = mb_layers * (host * (1 + (recompute == "full") / (1 + BWD_RATIO)) + dtensor)
+    fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
     scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
     mean_c = float(np.mean(scaled))
     fwd = mean_c * tp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))
