@@ -62,13 +62,18 @@ def row(rule: str, flags: str, out: str, repeats: int) -> list[str]:
             _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bench_out/tune")
+def lever_args(doc: str, out: str, levers) -> tuple[argparse.Namespace, list[str]]:
+    """--out, --repeats, --only of a per-lever benchmark: (arguments, the levers to run)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=out)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
     a = ap.parse_args()
-    only = [x for x in a.only.split(",") if x] or list(CASES)
+    return a, [x for x in a.only.split(",") if x] or list(levers)
+
+
+def main() -> None:
+    a, only = lever_args(__doc__, "bench_out/tune", CASES)
     head = ["lever", "predicted step", "measured step", "noise", "predicted peak", "measured peak",
             "memory error", "change"]
     rows = [row(r, CASES[r], a.out, a.repeats) for r in only]

@@ -190,3 +190,32 @@ def test_two_replicas_stand_for_many():
         small_c, small_links = two_replicas(c, links)
         assert small_c.dp == 2 and small_links.dp == pytest.approx(25e9 / (2 * 7 / 8))
         assert step_time(w, small_c, small_links) == pytest.approx(step_time(w, c, links), rel=1e-9)
+
+
+def test_host_fixed_cost_is_held_per_micro_batch():
+    """Per layer and micro-batch: forward 1 ms, backward 2 ms, host operators' fixed cost 3 ms
+    (split 1 : 2 like compute). m=2, 4 layers: 2 x 4 x (1 + 2 + 3) = 48 ms. Micro-batch doubled,
+    m=1: compute doubles (2 + 4 ms), the fixed cost does not: 1 x 4 x (2 + 4 + 3) = 36 ms."""
+    from diag.advise.calibrate import with_micro_batch
+    from diag.advise.model import host_fixed_s
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, host_fixed_s_per_layer=3 * MS)
+    assert host_fixed_s(w, Config()) == (approx(1 * MS), approx(2 * MS))
+    assert step_time(w, Config(num_micro_batches=2, micro_batch_size=2), Links()) == approx(48 * MS)
+    big = with_micro_batch(w, 2, 4)
+    assert big.host_fixed_s_per_layer == 3 * MS
+    assert step_time(big, Config(num_micro_batches=1, micro_batch_size=4), Links()) == approx(36 * MS)
+
+
+def test_dtensor_dispatch_paid_at_tp_above_one_only():
+    """2 layers, forward 2 ms at TP=1, DTensor dispatch 1.5 ms per layer and micro-batch, m=3,
+    free links. TP=2: 3 x 2 x (1 + 2 + 1.5) = 27 ms; TP=1: 3 x 2 x (2 + 4) = 36 ms."""
+    w = Workload(num_layers=2, fwd_s_per_layer=2 * MS, dtensor_s_per_layer=1.5 * MS)
+    assert step_time(w, Config(tp=2, num_micro_batches=3), Links()) == approx(27 * MS)
+    assert step_time(w, Config(tp=1, num_micro_batches=3), Links()) == approx(36 * MS)
+
+
+def test_recompute_pays_the_forward_fixed_cost_again():
+    """Full recompute: one more forward per layer with its share of the fixed cost (1 ms of 3):
+    m=1, 4 layers: 4 x (1 + 2 + 1 + 3 + 1) = 32 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, host_fixed_s_per_layer=3 * MS, recompute="full")
+    assert step_time(w, Config(), Links()) == approx(32 * MS)

@@ -3,7 +3,9 @@
 Problem: a recommendation's predicted gain is only as good as the model's inputs. This
 module derives them from a Diagnosis and the trainer's diag_run.json, not from constants:
 per-layer forward time from the measured compute per stage per step, a per-kernel launch
-overhead from the measured idle time, the busbw of each axis from the collectives matched
+overhead from the measured idle time, on a host (CPU) timeline the operators' fixed cost per
+layer and micro-batch and DTensor's dispatch (analysis.hostops) apart from the compute that
+scales with the micro-batch, the busbw of each axis from the collectives matched
 across their group (basis "transfer"; else one rank's kernel time, which includes wait).
 What it has to assume is said, in `Calibration.assumptions`.
 
@@ -83,7 +85,8 @@ def two_replicas(config: Config, links: Links) -> tuple[Config, Links]:
 
 
 def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
-    """Compute and message sizes scale with the micro-batch; the per-kernel launch overhead does not."""
+    """Compute and message sizes scale with the micro-batch; the per-kernel launch overhead and the
+    host operators' fixed cost do not."""
     k = new / old
     return replace(w, fwd_s_per_layer=w.fwd_s_per_layer * k, tp_bytes_per_layer=w.tp_bytes_per_layer * k,
                    p2p_bytes=w.p2p_bytes * k)
@@ -117,6 +120,38 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
     if any(math.isnan(v) for v in out):
         raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
     return out
+
+
+def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
+                recompute: bool, notes: list) -> tuple[float, float]:
+    """(host fixed s, DTensor dispatch s) per layer per micro-batch from the ranks' HostOps; zeros
+    on GPU timelines and traces without them. The fixed part of the measured run's compute is
+    taken out of what scales with the micro-batch."""
+    ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
+    if not ranks or len(ranks) < len(d.ranks):
+        return 0.0, 0.0
+    fixed = float(np.mean([h.fixed_per_step_s for h in ranks]))
+    dtensor = float(np.mean([h.dtensor_per_step_s for h in ranks])) if tp > 1 else 0.0
+    if fixed >= min(compute):
+        notes.append("host operators' fixed cost not modelled: it exceeds the measured compute of a stage")
+        return 0.0, 0.0
+    per_layer = per_stage_mb_layers * (1.0 + recompute / (1.0 + BWD_RATIO))   # a recomputed forward pays again
+    host, dtensor = (fixed - dtensor) / per_layer, dtensor / per_layer
+    h = ranks[0]
+    notes.append(f"host operators' fixed cost {host * 1e3:.3g} ms per layer per micro-batch (forward + backward, "
+                 f"held at any micro-batch size and TP): {h.aten_ops_per_step:,.0f} ATen calls per step x "
+                 f"{h.aten_op_s * 1e6:.3g} us (their median self time) + {h.framework_per_step_s * 1e3:.3g} ms "
+                 f"of non-ATen operators (calls x median self time, per name; rank {d.ranks[0].rank}, the mean "
+                 f"over ranks used), outside "
+                 f"torch.optim's spans; small-GEMM inefficiency is not in it")
+    if not any(r.optimizer_ops_per_step for r in ranks):
+        notes.append("no torch.optim `Optimizer.*` spans in the trace: the optimizer's operators, if any, are "
+                     "counted in the fixed cost per micro-batch (an overestimate that shrinks with more micro-batches)")
+    if dtensor > 0:
+        notes.append(f"DTensor dispatch {dtensor * 1e3:.3g} ms per layer per micro-batch, from its wrappers and "
+                     f"Python dispatch (calls x median self time, per step {dtensor * per_layer * 1e3:.3g} ms): "
+                     f"paid at TP > 1 only")
+    return host, dtensor
 
 
 def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[float]]:
@@ -165,12 +200,17 @@ def calibrate(d: Diagnosis) -> Calibration:
     idle = _per_stage(d, pp, "idle_s")
     per_stage_halves = m * HALVES * layers // pp
     launch = float(np.median(idle)) / per_stage_halves
-    mean_c = float(np.mean(compute))
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
-    fwd = mean_c * tp / (m * (layers // pp) * (1 + BWD_RATIO + (recompute == "full")))
-    slowdown = {s: c / mean_c for s, c in enumerate(compute)} if pp > 1 else {}
+    mb_layers = m * (layers // pp)
+    host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes)
+    fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
+    scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
+    mean_c = float(np.mean(scaled))
+    fwd = mean_c * tp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))
+    slowdown = {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {}
     notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1, from {mean_c * 1e3:.3g} ms "
-                 f"compute per stage per step (optimizer, embedding and loss folded in)")
+                 f"compute per stage per step (optimizer, embedding and loss folded in)"
+                 + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost" if fixed else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
     links = Links(**{a: _axis_link(d, a, notes)[0] for a in ("tp", "pp", "dp")})
@@ -179,7 +219,8 @@ def calibrate(d: Diagnosis) -> Calibration:
     grad = _grad_bytes(d, meta, tp * pp, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute)
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
+                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),

@@ -38,13 +38,17 @@ class Workload:
     optimizer_s: float = 0.0        # at TP = PP = 1; scales 1 / (tp * pp)
     launch_overhead_s: float = 0.0  # added to every compute kernel
     recompute: str = "none"         # "none" | "full" (one more forward per micro-batch in backward)
+    host_fixed_s_per_layer: float = 0.0  # host operators' fixed cost, one layer, one micro-batch, forward +
+                                         # backward: the same at any micro-batch size and TP (CPU timelines)
+    dtensor_s_per_layer: float = 0.0     # DTensor's dispatch, one layer, one micro-batch: paid at TP > 1 only
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
             raise ValueError(f"num_layers must be a positive integer, got {self.num_layers!r}")
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
-        for name in ("tp_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s"):
+        for name in ("tp_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
+                     "host_fixed_s_per_layer", "dtensor_s_per_layer"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.recompute not in ("none", "full"):
@@ -134,13 +138,22 @@ def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> 
     return tuple(out)
 
 
+def host_fixed_s(w: Workload, c: Config) -> tuple[float, float]:
+    """(forward, backward) fixed host seconds of one layer and micro-batch: the host operators'
+    fixed cost, with DTensor's dispatch at TP > 1, split between the passes as compute is."""
+    fixed = w.host_fixed_s_per_layer + (w.dtensor_s_per_layer if c.tp > 1 else 0.0)
+    return fixed / (1 + w.bwd_ratio), fixed * w.bwd_ratio / (1 + w.bwd_ratio)
+
+
 def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> StageCosts:
     layers = w.num_layers // c.pp
     f = w.fwd_s_per_layer / c.tp * slowdown
+    hf, hb = host_fixed_s(w, c)
     tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer), _even(w.p2p_bytes)
     return StageCosts(
-        layers=layers, fwd_half_s=f / 2 + w.launch_overhead_s, bwd_half_s=f * w.bwd_ratio / 2 + w.launch_overhead_s,
-        recompute_s=f + w.launch_overhead_s if w.recompute == "full" else 0.0,
+        layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
+        bwd_half_s=(f * w.bwd_ratio + hb) / 2 + w.launch_overhead_s,
+        recompute_s=f + hf + w.launch_overhead_s if w.recompute == "full" else 0.0,
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, w.grad_bytes / (c.tp * w.num_layers), c, links),

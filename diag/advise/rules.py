@@ -20,6 +20,7 @@ BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
 DP_EXPOSED_MIN = 0.05      # exposed DP communication, fraction of the step
 TP_EXPOSED_MIN = 0.10      # exposed TP communication, fraction of the step
 IDLE_MIN = 0.10            # GPU (or host) idle, fraction of the step
+HOST_FIXED_MIN = 0.10      # host operators' fixed cost (CPU timelines), fraction of the step
 SHORT_KERNEL_US = 50.0     # median compute kernel shorter than this: launch-bound on GPU
 WAITING_HOST_MIN = 0.30    # with longer kernels, idle above this share: the GPU waits on the host
 IMBALANCE_MIN = 1.10       # slowest / fastest stage compute
@@ -61,8 +62,9 @@ def bubble(ctx: Context) -> list[Recommendation]:
                    prefer=lambda k: k.num_micro_batches,
                    why=f"with p={c.pp} stages the 1F1B/GPipe bubble is (p-1)/(m+p-1) of the step; more "
                        "micro-batches shrink it, smaller ones cost more launch overhead per sample",
-                   assumptions=["compute per micro-batch proportional to its size: small micro-batches run "
-                                "less efficiently, so the fewest micro-batches within 80% of the best "
+                   assumptions=["compute per micro-batch proportional to its size, but for the host operators' "
+                                "fixed cost where the trace shows it (CPU): small GEMMs run less efficiently, "
+                                "which is not priced, so the fewest micro-batches within 80% of the best "
                                 "predicted gain are proposed"])
     return out + interleave(ctx, e)
 
@@ -152,17 +154,31 @@ def tp_layout(ctx: Context) -> list[Recommendation]:
                     assumptions=["stages assumed balanced in the new layout"])
 
 
+def _host_fixed_share(ctx: Context) -> float:
+    """The calibrated host operators' fixed cost per step (CPU timelines), as a share of the step."""
+    if ctx.cal is None or not ctx.step_s:
+        return 0.0
+    w, c = ctx.cal.workload, ctx.cal.config
+    per_layer = w.host_fixed_s_per_layer + (w.dtensor_s_per_layer if c.tp > 1 else 0.0)
+    return per_layer * c.num_micro_batches * (w.num_layers // c.pp) / ctx.step_s
+
+
 def micro_batch(ctx: Context) -> list[Recommendation]:
-    """Launch-bound (idle between short kernels, or host-bound) -> larger micro-batch, same global batch."""
-    idle = [f for f in ctx.d.findings if f.kind == FindingKind.IDLE]
-    if not idle or (idle[0].share_of_step or 0) < IDLE_MIN:
-        return []
-    f = idle[0]
-    e = [ev(f.what, f.share_of_step, IDLE_MIN, "fraction of step", "Where the time goes")]
-    kernels = [k for r in ctx.d.ranks for k in r.top_kernels if k.kind == "compute"]
+    """Launch-bound (idle between short kernels, or host-bound), or on CPU the operators' fixed cost
+    paid per micro-batch -> larger micro-batch, same global batch."""
     if any((x.share_of_step or 0) > 1.0 for x in ctx.d.findings):
         return []     # the step marks do not bound the work: no per-step evidence
-    if kernels:
+    idle = [f for f in ctx.d.findings if f.kind == FindingKind.IDLE and (f.share_of_step or 0) >= IDLE_MIN]
+    host = _host_fixed_share(ctx)
+    e = [ev(f.what, f.share_of_step, IDLE_MIN, "fraction of step", "Where the time goes") for f in idle[:1]]
+    if host >= HOST_FIXED_MIN:
+        e.append(ev("host operators' fixed cost, paid per micro-batch", host, HOST_FIXED_MIN, "fraction of step",
+                    "calibration (RankResult.host_ops)"))
+    if not e:
+        return []
+    f = idle[0] if idle else None
+    kernels = [k for r in ctx.d.ranks for k in r.top_kernels if k.kind == "compute"]
+    if kernels and f is not None:
         med = sorted(k.mean_us for k in kernels)[len(kernels) // 2]
         e.append(ev("median mean duration of top compute kernels", med, SHORT_KERNEL_US, "us", "Top kernels"))
         if med >= SHORT_KERNEL_US and (f.share_of_step < WAITING_HOST_MIN or (ctx.d.comm and ctx.d.comm.stragglers)):

@@ -20,6 +20,7 @@ from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, gpu_comms, host_comms
 from .gantt import GanttInput, gantt_input
+from .hostops import host_ops
 from .kernels import top_kernels
 from .memuse import RankMemory, compute_device, rank_memory
 from .layoutfind import compact_pg_config
@@ -100,7 +101,8 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         breakdown=breakdown, overlap=overlap, steps=step_list,
         step_time_s=float(np.median([s.host_s for s in step_list])) if step_list else None,
         top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
-        events=len(t), excluded_events=w.excluded_rows, notes=notes)
+        events=len(t), excluded_events=w.excluded_rows, notes=notes,
+        host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None)
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
                        gantt=gantt_input(rt, w, timeline, sets.compute),

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.4"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels
+SCHEMA_VERSION = "1.4"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops
 
 
 @dataclass
@@ -66,6 +66,23 @@ class KernelStat:
 
 
 @dataclass
+class HostOps:
+    """A host timeline's operators and their fixed cost per step (analysis.hostops)."""
+
+    ops_per_step: float               # host operators (communication calls left out)
+    optimizer_ops_per_step: float     # of which inside torch.optim's `Optimizer.*` spans
+    aten_ops_per_step: float          # ATen operators outside the optimizer's spans
+    aten_op_s: float                  # median self time of an ATen operator: its fixed cost
+    framework_per_step_s: float       # non-ATen operators outside the optimizer's spans: calls x median self time, per name
+    dtensor_per_step_s: float = 0.0   # of which DTensor's dispatch layer (0 without DTensor)
+
+    @property
+    def fixed_per_step_s(self) -> float:
+        """Fixed cost of the operators outside the optimizer: ATen dispatch and framework self time."""
+        return self.aten_ops_per_step * self.aten_op_s + self.framework_per_step_s
+
+
+@dataclass
 class RankResult:
     rank: int
     file: str
@@ -79,6 +96,7 @@ class RankResult:
     events: int = 0
     excluded_events: int = 0
     notes: list[str] = field(default_factory=list)
+    host_ops: Optional[HostOps] = None    # host timelines only: operator counts and fixed costs
 
     @property
     def window_steps(self) -> int:

@@ -65,7 +65,8 @@ def _walk(path: str, obj, where: str) -> None:
 
 def _value(path: str, v, name: str, where: str) -> None:
     if isinstance(v, float):
-        bad = not math.isfinite(v) or ((name.endswith("_s") or name in _FRACTIONS or name == "mean_us") and v < 0) \
+        bad = not math.isfinite(v) or ((name.endswith(("_s", "_per_step")) or name in _FRACTIONS or name == "mean_us")
+                                       and v < 0) \
             or (name in _FRACTIONS and v > 1 + _TOL)
         if bad:
             raise TraceError(path, f"corrupt summary: {where} = {v!r} is not possible")

@@ -31,7 +31,7 @@ from .summary_check import check_values
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
 VERSION = 5          # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
-                     # 5: memory; pipeline actions' start and end (the Gantt's labels)
+                     # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops
 _EDGE = 1 << 20                       # bytes fingerprinted at each end of the trace
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30

@@ -1,0 +1,127 @@
+"""What a host (CPU) timeline's operators cost apart from their data work.
+
+Problem: on a CPU-only run the "compute" of a step is the host's operators themselves, and each
+of them pays a fixed cost (dispatch, autograd bookkeeping, the profiler's own record) whatever
+the size of its tensors. The step-time model scales compute with the micro-batch size; without
+this fixed part it underprices every change that adds or removes operators (fewer, larger
+micro-batches; dropping DTensor's tensor parallelism). Counted here, per rank, from its trace:
+
+- the operators per step, and those inside `Optimizer.*` spans (torch.optim's profiler marks:
+  paid once per step, not per micro-batch);
+- the fixed cost of those outside the optimizer: ATen operators x the median self time of an ATen
+  operator (its duration less its nested operators'; most ATen calls of a step are views,
+  allocations and wrappers whose work is done by their children, so the median is what a call
+  costs when it does little data work), plus the self time of the non-ATen operators (autograd
+  nodes and engine calls, Python dispatch, DTensor's wrappers: their data work runs in the ATen
+  calls nested in them, so what is left is fixed cost per call), as calls x the median self time
+  of their name: a call the OS preempted holds the lost time in its self time, and on a loaded
+  machine the plain sum was 4x what the same job showed unloaded (the per-name medians agreed);
+- of that, DTensor's dispatch layer: when the trace has DTensor's marks (rankpass.DTENSOR_RE),
+  the self time of its wrappers and of the Python dispatch it runs in (DTENSOR_COST_RE), which
+  a run without DTensor does not pay.
+
+GPU timelines get none of this: there the fixed host cost per kernel shows as device idle, which
+the step-time model already carries as its launch overhead.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import numpy as np
+
+from ..trace.commtable import HOST_COMM_RE
+from ..trace.kinds import Kind
+from ..trace.table import EventTable
+from .results import HostOps
+from .steps import Window
+
+OPTIMIZER_RE = re.compile(r"^Optimizer\.")
+ATEN_RE = re.compile(r"^aten::")
+DTENSOR_COST_RE = re.compile(r"^(Redistribute|NestedRedistribute|PythonSubclass|PythonDispatchMode|RedistributeBackward|"
+                             r"_FromTorchTensor|_ToTorchTensor|_FromTorchTensorBackward|_ToTorchTensorBackward)$")
+
+
+def nesting_parent(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per interval (one thread's calls, properly nested), the index of the innermost interval
+    enclosing it, -1 at the top level. Vectorised per nesting depth."""
+    n = start.size
+    parent = np.full(n, -1, np.int64)
+    if n == 0:
+        return parent
+    order = np.lexsort((-end, start))
+    s, e = start[order], end[order]
+    closed = np.searchsorted(np.sort(e), s, side="right")       # calls ended by each start
+    depth = np.arange(n) - closed
+    depth = np.maximum(depth, 0)
+    for d in range(1, int(depth.max()) + 1):
+        here, above = np.flatnonzero(depth == d), np.flatnonzero(depth == d - 1)
+        k = np.searchsorted(above, here, side="right") - 1       # last enclosing call opened before
+        ok = k >= 0
+        parent[order[here[ok]]] = order[above[k[ok]]]
+    return parent
+
+
+def self_times_ns(t: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Each call's duration less the durations of the calls nested directly in it (per thread)."""
+    out = t.dur_ns[rows].astype(np.int64).copy()
+    for th in np.unique(t.thread[rows]):
+        idx = np.flatnonzero(t.thread[rows] == th)
+        r = rows[idx]
+        parent = nesting_parent(t.ts_ns[r], t.end_ns[r])
+        has = parent >= 0
+        np.subtract.at(out, idx[parent[has]], t.dur_ns[r[has]])
+    return np.maximum(out, 0)
+
+
+def _inside(t: EventTable, rows: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Which of `rows` start inside one of `spans` (rows of annotations) on the same thread."""
+    inside = np.zeros(rows.size, bool)
+    for th in np.unique(t.thread[spans]):
+        sp = spans[t.thread[spans] == th]
+        mine = t.thread[rows] == th
+        lo = np.sort(t.ts_ns[sp])
+        hi = t.end_ns[sp][np.argsort(t.ts_ns[sp])]
+        reach = np.maximum.accumulate(hi)
+        k = np.searchsorted(lo, t.ts_ns[rows[mine]], side="right") - 1
+        inside[mine] = (k >= 0) & (t.ts_ns[rows[mine]] < reach[np.maximum(k, 0)])
+    return inside
+
+
+def calls_x_median_ns(t: EventTable, calls: np.ndarray, selfs: np.ndarray, mask: np.ndarray) -> float:
+    """Sum over the names of `calls[mask]` of their count x their median self time (ns)."""
+    ids, vals = t.name_id[calls[mask]], selfs[mask]
+    if ids.size == 0:
+        return 0.0
+    order = np.lexsort((vals, ids))                   # by name, then self time: each name's run is sorted
+    ids, vals = ids[order], vals[order].astype(np.float64)
+    first = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    count = np.diff(np.r_[first, ids.size])
+    median = (vals[first + (count - 1) // 2] + vals[first + count // 2]) / 2
+    return float((count * median).sum())
+
+
+def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostOps]:
+    """Operator counts and fixed costs of a host timeline's window; None without operators."""
+    in_step = w.step_index >= 0
+    steps = len(set(w.step_index[in_step].tolist())) or 1
+    rows = w.rows[in_step]
+    calls = rows[t.kind[rows] == Kind.CPU_OP]
+    if calls.size == 0:
+        return None
+    selfs = self_times_ns(t, calls)                   # communication calls nested in ops subtracted too
+    work = ~t.name_mask(HOST_COMM_RE.match)[calls]
+    spans = rows[np.isin(t.kind[rows], (Kind.ANNOTATION, Kind.CPU_OP))]
+    optimizer = spans[t.name_mask(OPTIMIZER_RE.match)[spans]]
+    in_opt = _inside(t, calls, optimizer) if optimizer.size else np.zeros(calls.size, bool)
+    aten = work & t.name_mask(ATEN_RE.match)[calls]
+    framework = work & ~aten & ~in_opt
+    dtensor = framework & t.name_mask(DTENSOR_COST_RE.match)[calls] if t.name_mask(dtensor_re.match)[rows].any() \
+        else np.zeros(calls.size, bool)
+    return HostOps(
+        ops_per_step=float(work.sum()) / steps,
+        optimizer_ops_per_step=float((work & in_opt).sum()) / steps,
+        aten_ops_per_step=float((aten & ~in_opt).sum()) / steps,
+        aten_op_s=float(np.median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
+        framework_per_step_s=calls_x_median_ns(t, calls, selfs, framework) * 1e-9 / steps,
+        dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps)

@@ -1,0 +1,106 @@
+"""Calibration of the host operators' fixed cost and DTensor's dispatch, worked by hand.
+
+A job synthesised by the step-time model (test_recommend's way) gives a diagnosis with known
+compute; each rank is then given the HostOps a CPU trace would carry, and calibrate() must take
+the fixed part out of what scales with the micro-batch.
+"""
+from dataclasses import replace
+
+import pytest
+
+from diag.advise import Config, Links, Workload, simulate
+from diag.advise.calibrate import calibrate, with_micro_batch
+from diag.advise.synth import write_job
+from diag.analysis import diagnose
+from diag.analysis.results import HostOps
+from diag.trace import load_job
+
+MS = 1e-3
+
+
+def diagnosis(tmp_path, w, c, host: HostOps):
+    write_job(simulate(w, c, Links(), steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    for r in d.ranks:
+        r.host_ops = host
+    return d
+
+
+def test_fixed_cost_comes_out_of_the_scaled_compute(tmp_path):
+    """4 layers, forward 1 ms, m=2 of micro-batch 2: compute 2 x 4 x 3 = 24 ms per step. The trace's
+    fixed cost: 1,000 ATen calls x 2 us + 4 ms non-ATen self time = 6 ms per step, 0.75 ms per layer
+    and micro-batch; what scales: (24 - 6) / (2 x 4 x 3) = 0.75 ms forward. The model gives back
+    2 x 4 x (0.75 x 3 + 0.75) = 24 ms; micro-batch 4, m=1: 4 x (1.5 x 3 + 0.75) = 21 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    host = HostOps(ops_per_step=1500, optimizer_ops_per_step=200, aten_ops_per_step=1000, aten_op_s=2e-6,
+                   framework_per_step_s=4 * MS)
+    cal = calibrate(diagnosis(tmp_path, w, c, host))
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.dtensor_s_per_layer == 0.0
+    assert cal.model_step_s == pytest.approx(24 * MS, rel=1e-3)
+    big = replace(c, micro_batch_size=4, num_micro_batches=1)
+    assert cal.model(big, with_micro_batch(cal.workload, 2, 4)) == pytest.approx(21 * MS, rel=1e-3)
+    assert any("fixed cost 0.75 ms per layer per micro-batch" in a for a in cal.assumptions)
+
+
+def test_dtensor_dispatch_vanishes_at_tp_one(tmp_path):
+    """TP=2, 2 layers, forward 4 ms at TP=1 (2 ms per rank), m=2: compute 2 x 2 x 6 = 24 ms. Fixed
+    cost 8 ms per step, of which DTensor's dispatch 6 ms: per layer and micro-batch 0.5 ms host,
+    1.5 ms DTensor; scaled forward (24 - 8) x 2 / (2 x 2 x 3) = 2.667 ms at TP=1. At TP=1 (same m,
+    free links): 2 x 2 x (2.667 x 3 + 0.5) = 34 ms; at TP=2: 24 ms again."""
+    w = Workload(num_layers=2, fwd_s_per_layer=4 * MS)
+    c = Config(tp=2, num_micro_batches=2)
+    host = HostOps(ops_per_step=1000, optimizer_ops_per_step=0, aten_ops_per_step=500, aten_op_s=2e-6,
+                   framework_per_step_s=7 * MS, dtensor_per_step_s=6 * MS)
+    cal = calibrate(diagnosis(tmp_path, w, c, host))
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
+    assert cal.workload.dtensor_s_per_layer == pytest.approx(1.5 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(8 / 3 * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(24 * MS, rel=1e-3)
+    assert cal.model(replace(c, tp=1)) == pytest.approx(34 * MS, rel=1e-3)
+
+
+def test_no_host_ops_no_fixed_cost(tmp_path):
+    """GPU traces carry no HostOps: the calibration is as before (forward 1 ms, nothing fixed)."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    write_job(simulate(w, c, Links(), steps=4), str(tmp_path), c, w)
+    cal = calibrate(diagnose(load_job(str(tmp_path))))
+    assert cal.workload.host_fixed_s_per_layer == 0.0 and cal.workload.dtensor_s_per_layer == 0.0
+    assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
+
+
+def test_fixed_cost_trips_the_micro_batch_rule(tmp_path):
+    """4 layers, forward 1 ms, m=4 of micro-batch 1: compute 4 x 4 x 3 = 48 ms, of which the trace
+    shows 24 ms fixed (half the step): 1.5 ms per layer and micro-batch, forward 0.5 ms. Micro-batch
+    2 (m=2): 2 x 4 x (1 x 3 + 1.5) = 36 ms; micro-batch 4 (m=1): 4 x (2 x 3 + 1.5) = 30 ms, the best."""
+    from diag.advise.recommend import advise
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=4, micro_batch_size=1)
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=24 * MS)
+    rec = next(r for r in advise(diagnosis(tmp_path, w, c, host)).recommendations if r.rule == "micro_batch")
+    assert rec.flags == {"--micro-batch-size": "4"}
+    assert rec.evidence[-1].metric.startswith("host operators' fixed cost")
+    assert rec.evidence[-1].value == pytest.approx(0.5, rel=1e-3)
+    assert rec.step_s_after == pytest.approx(30 * MS, rel=1e-3)
+
+
+def test_recompute_pays_the_forward_share_again(tmp_path):
+    """Full recompute, 4 layers, forward 1 ms, m=1: compute 4 x (1 + 2 + 1) = 16 ms. The trace's
+    fixed cost 4 ms per step is paid by forward, backward and the recomputed forward: per layer
+    4 / (4 x (1 + 1/3)) = 0.75 ms; scaled forward (16 - 4) / (4 x 4) = 0.75 ms. The model gives
+    back 4 x (0.75 x 4 + 0.75 x 4/3) = 16 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, recompute="full")
+    c = Config()
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=10, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=4 * MS)
+    d = diagnosis(tmp_path, w, c, host)
+    d.facts.recompute_granularity = "full"
+    cal = calibrate(d)
+    assert cal.workload.recompute == "full"
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(16 * MS, rel=1e-3)

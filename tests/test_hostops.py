@@ -1,0 +1,74 @@
+"""Host operators' counts and fixed costs (analysis.hostops) on hand-made traces, worked by hand."""
+import numpy as np
+import pytest
+
+from diag.analysis.hostops import nesting_parent
+from diag.analysis.rankpass import summarize
+from diag.trace import load_job
+
+from kineto import TraceBuilder
+
+US = 1e-6
+
+
+def test_nesting_parent_is_the_innermost_enclosing_call():
+    # 0 [0,100) holds 1 [10,50) holding 2 [20,30); 3 [50,60) starts as 1 ends; 4 [0,5) shares 0's start
+    start = np.array([0, 10, 20, 50, 0, 200])
+    end = np.array([100, 50, 30, 60, 5, 210])
+    assert nesting_parent(start, end).tolist() == [-1, 0, 1, 0, 0, -1]
+
+
+def _host_trace(tmp_path, dtensor: bool = False):
+    """Two steps of 1000 us; the window keeps the first. In it (us):
+    evaluate_function [100,400) > MmBackward0 [110,390) > aten::mm [120,320) and
+    aten::t [330,340) > aten::transpose [331,337) > aten::as_strided [332,335);
+    aten::view [450,452); Optimizer.step [600,900) > aten::add_ [610,650), aten::mul_ [660,700);
+    c10d::allreduce_ [950,990) (communication: not counted)."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    b.cpu_op("autograd::engine::evaluate_function: MmBackward0", 100, 300).cpu_op("MmBackward0", 110, 280)
+    b.cpu_op("aten::mm", 120, 200).cpu_op("aten::t", 330, 10).cpu_op("aten::transpose", 331, 6)
+    b.cpu_op("aten::as_strided", 332, 3).cpu_op("aten::view", 450, 2)
+    b.cpu_op("Optimizer.step#AdamW.step", 600, 300, cat="user_annotation")
+    b.cpu_op("aten::add_", 610, 40).cpu_op("aten::mul_", 660, 40).cpu_op("c10d::allreduce_", 950, 40)
+    if dtensor:      # DTensor's mark, and Python dispatch of 30 us self around an 8 us ATen call
+        b.cpu_op("Redistribute", 500, 5, cat="user_annotation")
+        b.cpu_op("PythonDispatchMode", 510, 38).cpu_op("aten::addmm", 520, 8)
+    b.cpu_op("aten::mm", 1001, 499)
+    b.write(str(tmp_path / "rank0.json"))
+    job = load_job(str(tmp_path))
+    return summarize(job.ranks[0]).result.host_ops
+
+
+def test_counts_and_fixed_cost_of_a_host_step(tmp_path):
+    """Self times (us): evaluate 300-280 = 20, MmBackward0 280-200-10 = 70, mm 200, t 10-6 = 4,
+    transpose 6-3 = 3, as_strided 3, view 2, add_ 40, mul_ 40. ATen self times 2,3,3,4,40,40,200:
+    median 4 us. Outside the optimizer: 5 ATen calls, non-ATen self 20 + 70 = 90 us.
+    Fixed = 5 x 4 + 90 = 110 us per step."""
+    h = _host_trace(tmp_path)
+    assert (h.ops_per_step, h.optimizer_ops_per_step, h.aten_ops_per_step) == (9, 2, 5)
+    assert h.aten_op_s == pytest.approx(4 * US)
+    assert h.framework_per_step_s == pytest.approx(90 * US)
+    assert h.fixed_per_step_s == pytest.approx(110 * US)
+    assert h.dtensor_per_step_s == 0.0
+
+
+def test_dtensor_dispatch_counted_only_with_its_marks(tmp_path):
+    """With DTensor's Redistribute mark, PythonDispatchMode's self time 38 - 8 = 30 us is DTensor's
+    dispatch (and framework time); addmm is a sixth ATen call outside the optimizer (self 8 us):
+    ATen self times 2,3,3,4,8,40,40,200, median (4 + 8) / 2 = 6 us."""
+    h = _host_trace(tmp_path, dtensor=True)
+    assert h.dtensor_per_step_s == pytest.approx(30 * US)
+    assert h.framework_per_step_s == pytest.approx(120 * US)
+    assert h.aten_ops_per_step == 6 and h.aten_op_s == pytest.approx(6 * US)
+    assert h.fixed_per_step_s == pytest.approx(6 * 6 * US + 120 * US)
+
+
+def test_a_preempted_call_does_not_inflate_the_fixed_cost(tmp_path):
+    """Three `detach` calls of 10, 10 and 100 us (the last one preempted): counted as 3 x their
+    median 10 us = 30 us, not their 120 us sum; one `aten::view` of 2 us."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    b.cpu_op("detach", 100, 10).cpu_op("detach", 200, 10).cpu_op("detach", 300, 100).cpu_op("aten::view", 500, 2)
+    b.cpu_op("aten::mm", 1001, 499).write(str(tmp_path / "rank0.json"))
+    h = summarize(load_job(str(tmp_path)).ranks[0]).result.host_ops
+    assert h.framework_per_step_s == pytest.approx(30 * US)
+    assert h.fixed_per_step_s == pytest.approx(32 * US)
