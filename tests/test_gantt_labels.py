@@ -196,7 +196,7 @@ def test_torchtitan_style_job(native3d_run, sched):
 @pytest.mark.parametrize("sample", ["pp2_m2", "tp2_pp2_dp2"])
 def test_our_trainers_1f1b_from_the_compute_order(sample):
     """No annotations (Schedule1F1B): the bars follow the textbook 1F1B order of p = 2, m = 2; each
-    forward's bars overlap a matrix multiply of the raw JSON's main thread, each backward's bars
+    forward's bars overlap a matrix multiply (aten::mm / aten::addmm) of the raw JSON's main thread, each backward's bars
     start and end inside autograd nodes, no action's bars cross a main-thread send/recv; every
     rank of each stage is drawn."""
     run = os.path.join(SAMPLES, sample)
@@ -212,7 +212,7 @@ def test_our_trainers_1f1b_from_the_compute_order(sample):
         main = st["tid"]
         def on_main(*names):
             return [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["tid"] == main and e["name"] in names]
-        mms, p2p = on_main("aten::mm"), on_main("c10d::send", "c10d::recv_")
+        mms, p2p = on_main("aten::mm", "aten::addmm"), on_main("c10d::send", "c10d::recv_")
         nodes = [(e["ts"], e["ts"] + e["dur"]) for e in ev
                  if e["name"].startswith("autograd::engine::evaluate_function")]
         for label in set(_labels(row)):
