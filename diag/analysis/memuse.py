@@ -92,6 +92,7 @@ def rank_memory(rt: RankTrace, w: Window, timeline: str) -> RankMemory:
     rows, device = _device_rows(rt, timeline == "gpu")
     if not rows.size:
         return RankMemory(device=device, why=f"the trace's memory events are none on the {device}: " + HOW_TO_MEASURE)
+    rows = rows[np.argsort(rt.memory.ts_ns[rows], kind="stable")]    # threads' events interleave in the file
     ts = rt.memory.ts_ns[rows]
     steps = w.steps
     if len(steps) >= 2:
