@@ -116,8 +116,8 @@ def test_wait_tensor_is_blocked_and_counts_as_its_collectives_exposed_time(tmp_p
     """DTensor's all-reduce: _c10d_functional::all_reduce 100-130 issues c10d::allreduce_ 105-125;
     the worker runs gloo:all_reduce 128-400; the main thread runs mm 140-300, blocks in wait_tensor
     300-500, runs mm 500-700. Compute 360 (the wait is not compute); communication 100-500, of
-    which 100-140 and 300-500 are exposed (240). The transfer's own exposure: its span and the
-    wait on it, less compute: 128-140 and 300-500 = 212."""
+    which 100-140 and 300-500 are exposed (240). The transfer's own exposure: its span, the call
+    that issued it and the wait on it, less compute: 100-140 and 300-500 = 240, all of the rank's."""
     b = gloo_rank(0, 1, {})
     b.cpu_op("_c10d_functional::all_reduce", 100, 30, **{"Input Dims": [[64], [], []]})
     issue(b, "allreduce_", 105, 20, [[[64]], [], [], [], [], []], ["TensorList", "", "", "", "Scalar", "Scalar"])
@@ -130,7 +130,8 @@ def test_wait_tensor_is_blocked_and_counts_as_its_collectives_exposed_time(tmp_p
     comm = [(100, 130), (105, 125), (128, 400), (300, 500)]
     assert d.ranks[0].breakdown.compute_s == pytest.approx(length(ops) * US)
     assert d.ranks[0].breakdown.comm_s == pytest.approx(length(minus(comm, ops)) * US)          # 240
-    assert d.comm.ranks[0].exposed_s == pytest.approx(length(minus([(128, 400), (300, 500)], ops)) * US)
+    assert d.comm.ranks[0].exposed_s == pytest.approx(length(minus([(100, 130), (128, 400), (300, 500)], ops)) * US)
+    assert d.comm.ranks[0].exposed_s == pytest.approx(d.ranks[0].breakdown.comm_s)
     assert [(o.op, o.median_bytes) for o in d.comm.ops] == [("all_reduce", 64 * 4)]
 
 

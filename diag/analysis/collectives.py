@@ -51,6 +51,9 @@ class RankComms:
     fsdp: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     blocked_lo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     blocked_hi: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # [issued_lo, issued_hi): the call on the issuing thread that issued it (lo == hi none)
+    issued_lo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    issued_hi: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # the trace file's ts (us) of start_ns 0: maps these times back onto the rank's own file
     clock0_us: float = 0.0
     # per instance, the id of its match across its group (analysis.matching), set by the job-level
@@ -60,12 +63,21 @@ class RankComms:
     def __len__(self) -> int:
         return int(self.coll.size)
 
-    def timeline(self, sel=slice(None)) -> iv.Intervals:
-        """The communication timeline of the selected instances: their spans, and the time their
-        issuer blocked waiting for them."""
-        lo, hi = self.start_ns[sel], self.start_ns[sel] + self.dur_ns[sel]
-        if self.blocked_lo.size:
-            lo, hi = np.concatenate([lo, self.blocked_lo[sel]]), np.concatenate([hi, self.blocked_hi[sel]])
+    def windows(self, sel=slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi), one row per selected instance: its span, the time its issuer blocked waiting
+        for it, and the call that issued it (empty windows where there is none)."""
+        lo, hi = [self.start_ns[sel]], [self.start_ns[sel] + self.dur_ns[sel]]
+        for a, b in ((self.blocked_lo, self.blocked_hi), (self.issued_lo, self.issued_hi)):
+            if a.size:
+                lo.append(a[sel])
+                hi.append(b[sel])
+        return np.stack(lo, axis=1), np.stack(hi, axis=1)
+
+    def timeline(self, sel=slice(None), part=slice(None)) -> iv.Intervals:
+        """The communication timeline of the selected instances: their spans, the time their
+        issuer blocked waiting for them, and the calls that issued them (part: the windows'
+        columns, e.g. CALLS: only where the issuing thread itself is in communication)."""
+        lo, hi = (x[:, part].ravel() for x in self.windows(sel))
         keep = hi > lo
         return iv.merge(lo[keep], hi[keep])
 
@@ -75,6 +87,7 @@ class RankComms:
 
 
 SIG_OPS = 16        # Coll values fit below it
+SPANS, CALLS = slice(0, 1), slice(1, None)    # RankComms.windows' columns: transfer spans; the issuer's calls
 
 
 def _label_info(t, label_rows: np.ndarray):
@@ -224,7 +237,9 @@ def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute,
                    sig=sig.astype(np.int64) if sig is not None else np.full(n, -1, np.int64),
                    fsdp=work.fsdp if work else np.zeros(n, bool),
                    blocked_lo=work.blocked_lo if work else np.zeros(n, np.int64),
-                   blocked_hi=work.blocked_hi if work else np.zeros(n, np.int64), clock0_us=float(t.t0_us))
+                   blocked_hi=work.blocked_hi if work else np.zeros(n, np.int64),
+                   issued_lo=work.issued_lo if work else np.zeros(n, np.int64),
+                   issued_hi=work.issued_hi if work else np.zeros(n, np.int64), clock0_us=float(t.t0_us))
     rc.exposed_ns = _exposed_each(rc)
     return rc
 
@@ -237,15 +252,18 @@ def implied_group_size(rc: RankComms, pg_config: list) -> None:
 
 
 def _exposed_each(rc: RankComms) -> np.ndarray:
-    """Per instance: the part of its span and of its issuer's wait on it not under compute."""
+    """Per instance: the part of its windows (span, its issuer's wait on it, the issuing call) not
+    under compute, each instant counted once (windows clipped to where the earlier ones reach)."""
     if not len(rc):
         return np.zeros(0, np.int64)
     exposed = rc.exposed()
-    start, end, lo, hi = rc.start_ns, rc.start_ns + rc.dur_ns, rc.blocked_lo, rc.blocked_hi
-    both_lo = np.maximum(start, lo)
-    both_hi = np.maximum(both_lo, np.minimum(end, hi))
-    return (iv.lengths_in_windows(exposed, start, end) + iv.lengths_in_windows(exposed, lo, hi)
-            - iv.lengths_in_windows(exposed, both_lo, both_hi))
+    lo, hi = rc.windows()
+    order = np.argsort(lo, axis=1, kind="stable")
+    lo, hi = np.take_along_axis(lo, order, 1), np.take_along_axis(hi, order, 1)
+    reach = np.maximum.accumulate(hi, axis=1)
+    a = np.maximum(lo, np.concatenate([lo[:, :1], reach[:, :-1]], axis=1))
+    b = np.maximum(hi, a)
+    return sum(iv.lengths_in_windows(exposed, a[:, j], b[:, j]) for j in range(lo.shape[1]))
 
 
 def attribute_axes(rc: RankComms, jl) -> None:

@@ -18,7 +18,7 @@ from ..trace import kinds
 from . import intervals as iv
 from .benchcurve import op_name
 from .bandwidth import BUCKETS, busbw_array, size_bucket_array
-from .collectives import AXES, RankComms
+from .collectives import AXES, CALLS, SPANS, RankComms
 from .matching import Matched
 from .results import AxisOverlap, CommOpStat, RankComm
 
@@ -129,18 +129,31 @@ def _against_bench(o: CommOpStat, bench) -> None:
 
 
 def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisOverlap]:
-    """Per axis, mean over ranks of its communication timeline (union) and the part not under compute."""
+    """Per axis, mean over ranks of its communication timeline (union), the share of it under
+    compute (hidden_ratio, the axis's own), and its exposed time as a partition of the rank's:
+    an exposed instant two axes share (a TP call while a DP transfer is in flight) is counted
+    once, for the axis whose call the issuing thread is in, else the first axis in order; so the
+    axes' exposed times add up to no more than the rank's."""
+    axes = sorted({int(a) for rc in comms for a in rc.axis.tolist()})
+    dur, own, part = ({a: 0 for a in axes} for _ in range(3))
+    for rc in comms:
+        claimed = iv.EMPTY
+        for cols in (CALLS, SPANS):
+            for a in axes:
+                sel = rc.axis == a
+                if cols is SPANS:
+                    u = rc.timeline(sel)          # its spans, its issuer's waits on them and calls
+                    dur[a] += iv.length(u)
+                    own[a] += iv.length(iv.subtract(u, rc.compute))
+                mine = iv.subtract(iv.subtract(rc.timeline(sel, cols), rc.compute), claimed)
+                part[a] += iv.length(mine)
+                claimed = iv.merge(np.concatenate([claimed[0], mine[0]]), np.concatenate([claimed[1], mine[1]]))
     out = []
-    for a in sorted({int(a) for rc in comms for a in rc.axis.tolist()}):
-        dur = exp = 0
-        for rc in comms:
-            sel = rc.axis == a
-            u = rc.timeline(sel)                  # its spans, and its issuer's waits on them
-            dur += iv.length(u)
-            exp += iv.length(iv.subtract(u, rc.compute))
-        dur_s, exp_s = dur * NS / max(n_ranks, 1), exp * NS / max(n_ranks, 1)
+    k = NS / max(n_ranks, 1)
+    for a in axes:
+        dur_s, own_s, exp_s = dur[a] * k, own[a] * k, part[a] * k
         out.append(AxisOverlap(axis=_axis_name(a), comm_s=dur_s, exposed_s=exp_s,
-                               hidden_ratio=(dur_s - exp_s) / dur_s if dur_s > 0 else None,
+                               hidden_ratio=(dur_s - own_s) / dur_s if dur_s > 0 else None,
                                exposed_per_step_s=exp_s / steps if steps else None))
     out.sort(key=lambda x: -x.exposed_s)
     return out

@@ -46,6 +46,8 @@ class GlooWork:
     fsdp: np.ndarray         # bool: issued under an FSDP annotation
     blocked_lo: np.ndarray   # int64 [lo, hi): the issuer blocked in wait_tensor on it; lo == hi none
     blocked_hi: np.ndarray
+    issued_lo: np.ndarray    # int64 [lo, hi): the call that issued it (a functional collective, else the
+    issued_hi: np.ndarray    # c10d op), where the issuing thread is in communication too; lo == hi none
 
 
 def link(rt: RankTrace, window_rows: np.ndarray, rows: np.ndarray) -> GlooWork:
@@ -61,7 +63,21 @@ def link(rt: RankTrace, window_rows: np.ndarray, rows: np.ndarray) -> GlooWork:
                       comm_column(c.row, c.in_nelems, ops), t.ts_ns[ops])
     issuer[worker[pick >= 0]] = ops[pick[pick >= 0]]
     lo, hi = _blocked(rt, window_rows, issuer)
-    return GlooWork(lane=lane, issuer=issuer, fsdp=_by_fsdp(t, issuer), blocked_lo=lo, blocked_hi=hi)
+    ilo, ihi = _issued(t, issuer)
+    return GlooWork(lane=lane, issuer=issuer, fsdp=_by_fsdp(t, issuer), blocked_lo=lo, blocked_hi=hi,
+                    issued_lo=ilo, issued_hi=ihi)
+
+
+def _issued(t, issuer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per transfer: the span of the call that issued it on its issuer's thread: the functional
+    collective around the c10d op (DTensor's), else the c10d op itself; lo == hi none."""
+    lo, hi = np.zeros(issuer.size, np.int64), np.zeros(issuer.size, np.int64)
+    paired = np.flatnonzero(issuer >= 0)
+    ops = issuer[paired]
+    outer = enclosing(t, t.ts_ns[ops], t.thread[ops], FUNCOL_RE.match, kinds=(Kind.CPU_OP,))
+    call = np.where(outer >= 0, outer, ops)
+    lo[paired], hi[paired] = t.ts_ns[call], t.end_ns[call]
+    return lo, hi
 
 
 def comm_column(comm_rows: np.ndarray, col: np.ndarray, rows: np.ndarray) -> np.ndarray:
