@@ -70,6 +70,7 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     ffn_hidden_size: Optional[Count] = None
     vocab_size: Optional[Count] = None
     swiglu: Optional[bool] = None
+    attention: Optional[Name] = None      # fused (keeps no s x s scores) | eager: from the trace's ops
     parameter_count: Optional[Count] = None
     # numerics and hardware
     dtype: Optional[Name] = None

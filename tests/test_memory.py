@@ -1,11 +1,13 @@
 """The memory model against numbers worked by hand (docs/memory.md), and the recommender using it:
 every recommendation states its modelled peak next to the device's memory, a change that does not
 fit is paired with the ZeRO stage that makes it fit, and one that nothing makes fit is dropped."""
+from dataclasses import replace
+
 import pytest
 
 from diag.advise import Config, Links, Workload, simulate
-from diag.advise.memory import MemoryConfig, MemoryModel, Shape, activation_bytes_per_layer, in_flight, \
-    rank_estimate
+from diag.advise.memory import MemoryConfig, MemoryModel, Shape, activation_bytes_per_layer, fit_ladder, \
+    head_bytes, in_flight, lever_flags, rank_estimate, recompute_bytes
 from diag.advise.recommend import with_advice
 from diag.advise.synth import write_job
 from diag.analysis import diagnose
@@ -42,12 +44,10 @@ def test_stage_0_of_tp2_pp2_by_hand():
     ({"dtype": "fp32"}, 2 * 260_046_848),
 ])
 def test_activation_levers_by_hand(changes, per_layer):
-    from dataclasses import replace
     assert activation_bytes_per_layer(GPT, replace(TP2PP2, **changes)) == pytest.approx(per_layer)
 
 
 def test_zero_stages_shard_what_they_say():
-    from dataclasses import replace
     n, dp = 353_501_184, 4
     for zero, (w, g, o) in {1: (2, 4, 12 / dp), 2: (2, 4 / dp, 12 / dp), 3: (2 / dp, 4 / dp, 12 / dp)}.items():
         e = rank_estimate(GPT, replace(TP2PP2, zero=zero), stage=0)
@@ -57,7 +57,6 @@ def test_zero_stages_shard_what_they_say():
 
 
 def test_micro_batches_in_flight_by_schedule():
-    from dataclasses import replace
     lay = replace(TP2PP2, pp=4, num_micro_batches=8)
     assert [in_flight(lay, s) for s in range(4)] == [4, 3, 2, 1]                 # 1F1B: p - stage
     assert in_flight(replace(lay, schedule="gpipe"), 3) == 8                     # GPipe: all m
@@ -69,7 +68,6 @@ def test_micro_batches_in_flight_by_schedule():
 def test_calibration_meets_the_measured_peak_and_moves_with_the_change():
     """Measured 16 GiB on the TP2 x PP2 layout: the activation term is scaled to meet it exactly;
     the static terms are counted, not fitted, so a ZeRO change moves only them."""
-    from dataclasses import replace
     measured = 16.0 * (1 << 30)
     m = MemoryModel.calibrated(GPT, TP2PP2, measured)
     assert m.peak(TP2PP2).total == pytest.approx(measured)
@@ -80,6 +78,52 @@ def test_calibration_meets_the_measured_peak_and_moves_with_the_change():
     assert measured - z1.total == pytest.approx(static.optimizer * 3 / 4)
     low = MemoryModel.calibrated(GPT, TP2PP2, 1.0)                  # below the parameters: not used
     assert low.scale == 1.0 and "not calibrated" in low.basis
+
+
+# The instrumented trainer's long-sequence job (docs/trainer.md, "Peak memory against the
+# arithmetic"): 4 layers, h 64, 4 heads, s 128, V 128, micro-batch 4, DP 2, m 1, fp32 AdamW; CPU
+# attention is flash attention (the trace says "fused").
+TRAINER = Shape(num_layers=4, hidden=64, heads=4, seq=128, vocab=128, attention="fused")
+TRAINER_JOB = MemoryConfig(dp=2, micro_batch_size=4, num_micro_batches=1, dtype="fp32")
+
+
+def test_the_trainers_job_by_hand():
+    """Parameters (the model's count: no position embedding, norms or biases) 4 x 12 h^2 + 2 V h =
+    196,608 + 16,384 = 212,992; fp32 AdamW 4 + 4 + 8 B each. s b h = 128 x 4 x 64 = 32,768;
+    s b V = 65,536. Per layer, fused attention (no 5 a s / h scores term): 34 s b h x 2 (fp32) =
+    2,228,224 B; the head (last stage = the only one): (4 s b h + 4 s b V) x 2 = 786,432 B.
+    Full recompute: layer inputs 2 s b h x 2 = 131,072 B a layer, and one layer re-materialised
+    in backward, less its input: 2,228,224 - 131,072 = 2,097,152 B."""
+    n, sbh = 212_992, 32_768
+    none = rank_estimate(TRAINER, TRAINER_JOB, 0)
+    assert (none.weights, none.grads, none.optimizer) == (n * 4, n * 4, n * 8)
+    assert activation_bytes_per_layer(TRAINER, TRAINER_JOB) == 68 * sbh == 2_228_224
+    assert head_bytes(TRAINER, TRAINER_JOB) == 786_432 and recompute_bytes(TRAINER, TRAINER_JOB) == 0
+    assert none.activations == 4 * 2_228_224 + 786_432 and none.total == 13_107_200
+    full = rank_estimate(TRAINER, replace(TRAINER_JOB, recompute="full"), 0)
+    assert recompute_bytes(TRAINER, replace(TRAINER_JOB, recompute="full")) == 2_097_152
+    assert full.activations == 4 * 131_072 + 2_097_152 + 786_432 and full.total == 6_815_744
+    assert rank_estimate(TRAINER, replace(TRAINER_JOB, zero=1), 0).total == 13_107_200 - n * 8 / 2
+    selective = rank_estimate(TRAINER, replace(TRAINER_JOB, recompute="selective"), 0)
+    assert selective.total == none.total                     # fused attention: nothing to drop
+    eager = rank_estimate(replace(TRAINER, attention=None), TRAINER_JOB, 0)   # unknown: scores kept
+    assert eager.activations - none.activations == 4 * 5 * 4 * 128 / 64 * sbh * 2 == 10_485_760
+
+
+def test_the_ladder_offers_zero_1_first_and_skips_selective_when_attention_is_fused():
+    """Sharding rungs first, ZeRO-1 the first of them (--use-distributed-optimizer); selective
+    recompute only when the attention may keep s x s scores; no sharding rung at dp 1."""
+    def rungs(lay, attention):
+        return [(c.sequence_parallel, c.zero, c.recompute) for c in fit_ladder(lay, attention)]
+    tp2 = replace(TRAINER_JOB, tp=2)
+    assert rungs(tp2, None) == [(False, 0, "none"), (True, 0, "none"), (True, 1, "none"), (True, 2, "none"),
+                                (True, 2, "selective"), (True, 3, "selective"), (True, 3, "full")]
+    assert rungs(TRAINER_JOB, "fused") == [(False, 0, "none"), (False, 1, "none"), (False, 2, "none"),
+                                           (False, 3, "none"), (False, 3, "full")]
+    assert rungs(replace(TRAINER_JOB, dp=1), "fused") == [(False, 0, "none"), (False, 0, "full")]
+    assert lever_flags(TRAINER_JOB, replace(TRAINER_JOB, zero=1)) == {"--use-distributed-optimizer": ""}
+    capacity = MemoryModel(TRAINER).peak(replace(TRAINER_JOB, zero=1)).total
+    assert MemoryModel(TRAINER).fitting(TRAINER_JOB, capacity).zero == 1
 
 
 def _synth(tmp_path, micro_batch_size=4):
@@ -95,11 +139,17 @@ def _synth(tmp_path, micro_batch_size=4):
 def _fit_by_hand(tp, zero, mbs=4, m=2):
     """The tp_layout candidate's peak by hand: 8 layers of 2 h^2 + 2 h^2 + 2 h f = 8 h^2 + 2 h f,
     + input and output embeddings V h, all / tp; bf16 18 bytes (ZeRO shards none at dp 1);
-    activations 8 layers x s b h (10 + 24/t + 5 a s / (h t)), min(m, 1) = 1 micro-batch."""
+    activations 8 layers x s b h (10 + 24/t + 5 a s / (h t)) (synth's trace names no attention op:
+    the scores are counted), min(m, 1) = 1 micro-batch, and the head of the last (only) stage:
+    final norm and output layer inputs 4 s b h, fp32 logits 4 s b V / t."""
     h, f, V, s, a = 4096, 16384, 50304, 2048, 32
     n = (8 * (4 * h * h + 2 * h * f) + 2 * V * h) / tp
     act = 8 * s * mbs * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-    return n * 18 + act
+    return n * 18 + act + _head(tp, mbs)
+
+
+def _head(tp, mbs=4, s=2048, h=4096, V=50304):
+    return 4 * s * mbs * h + 4 * s * mbs * V / tp
 
 
 def test_every_recommendation_states_its_peak_and_the_device(tmp_path):
@@ -113,39 +163,49 @@ def test_every_recommendation_states_its_peak_and_the_device(tmp_path):
 
 
 def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
-    """TP 1 on the GPUs of TP 2 x DP 1 is TP 1 x DP 2 (m halves to 1): 62.4 GiB unsharded. On 48 GiB
-    devices ZeRO-1 (optimizer / 2) would not be enough, ZeRO-2 (gradients too) is: it is proposed
-    with ZeRO-2 and its flag. On 24 GiB only ZeRO-3 with full recompute fits (the step re-priced with
-    one more forward); on 8 GiB nothing does: dropped, and said. On 64 GiB it fits as it is."""
+    """TP 1 on the GPUs of TP 2 x DP 1 is TP 1 x DP 2 (m halves to 1): 64.07 GiB unsharded. The
+    ladder's sharding rungs come first, ZeRO-1 the first of them: on 56 GiB devices ZeRO-1
+    (optimizer / 2, 6 B a parameter less) is enough, and its flag is --use-distributed-optimizer;
+    on 50 GiB ZeRO-2 (gradients too, 8 B) is. On 24 GiB only ZeRO-3 with full recompute fits
+    (the step re-priced with one more forward); on 8 GiB nothing does: dropped, and said. On
+    72 GiB it fits as it is."""
     job = _synth(tmp_path)
     h, f, V = 4096, 16384, 50304
     n1 = 8 * (4 * h * h + 2 * h * f) + 2 * V * h
     unsharded = _fit_by_hand(1, 0)
-    assert unsharded / (1 << 30) == pytest.approx(62.41, abs=0.01)
-    assert unsharded - n1 * 6 > 48 << 30 > unsharded - n1 * (6 + 2)             # ZeRO-1 short, ZeRO-2 fits
-    mid = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 48 << 30}))
+    assert unsharded / (1 << 30) == pytest.approx(64.07, abs=0.01)
+    assert unsharded - n1 * 6 < 56 << 30 and unsharded - n1 * 6 > 50 << 30 > unsharded - n1 * 8
+    z1 = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 56 << 30}))
+    (rec,) = [r for r in z1.recommendations if r.rule == "tp_layout"]
+    assert rec.title.endswith("TP 1 x PP 1 x DP 2 instead of TP 2 x PP 1 x DP 1, with ZeRO-1 to fit")
+    assert rec.flags == {**rec.flags, "--use-distributed-optimizer": ""}
+    assert "--data-parallel-sharding-strategy" not in rec.flags
+    assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * 6, rel=1e-9)
+    mid = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 50 << 30}))
     (rec,) = [r for r in mid.recommendations if r.rule == "tp_layout"]
-    assert rec.title.endswith("TP 1 x PP 1 x DP 2 instead of TP 2 x PP 1 x DP 1, with ZeRO-2 to fit")
+    assert rec.title.endswith("with ZeRO-2 to fit")
     assert rec.flags["--data-parallel-sharding-strategy"] == "optim_grads"
     assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * (6 + 2), rel=1e-9)
     tight = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 24 << 30}))
     (full,) = [r for r in tight.recommendations if r.rule == "tp_layout"]
-    assert full.title.endswith("with ZeRO-3 and full recompute to fit")     # 18/2 B per parameter + 2 s b h
-    assert full.memory_after_bytes == pytest.approx(n1 * 9 + 8 * 2 * 2048 * 4 * 4096, rel=1e-9)
+    assert full.title.endswith("with ZeRO-3 and full recompute to fit")     # 18/2 B per parameter
+    s, b = 2048, 4                      # layer inputs 2 s b h x 8, one layer re-materialised, the head
+    assert full.memory_after_bytes == pytest.approx(
+        n1 * 9 + 8 * 2 * s * b * h + (114 - 2) * s * b * h + _head(1), rel=1e-9)
     assert full.flags["--recompute-granularity"] == "full"
     assert full.step_s_after > rec.step_s_after                 # the extra forward is priced
     small = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 8 << 30}))
     assert not [r for r in small.recommendations if r.rule == "tp_layout"]
     assert any(n.startswith("dropped, does not fit: TP 1") for n in small.advice_basis.calibration)
-    roomy = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 64 << 30}))
+    roomy = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 72 << 30}))
     (rec,) = [r for r in roomy.recommendations if r.rule == "tp_layout"]
     assert "ZeRO" not in rec.title and rec.memory_after_bytes == pytest.approx(unsharded, rel=1e-9)
 
 
 def test_zero_makes_it_fit_when_dp_can_shard(tmp_path):
-    """The same model at DP 4: TP 1 without sharding needs the same 62.4 GiB; the candidate the model
-    prices best keeps the GPUs (TP 1 x DP 8); ZeRO-2 (the least sharding the trainer runs: FSDP2)
-    shards the 4 + 12 bytes of gradients and optimizer state per parameter over its 8 DP ranks."""
+    """The same model at DP 4: TP 1 without sharding needs the same 64.07 GiB; the candidate the model
+    prices best keeps the GPUs (TP 1 x DP 8); ZeRO-1, the first sharding rung, shards the 12 bytes of
+    optimizer state per parameter over its 8 DP ranks: 44.3 GiB."""
     w = Workload(num_layers=8, fwd_s_per_layer=2e-3, tp_bytes_per_layer=2048 * 4096 * 2 * 4, p2p_bytes=1.0,
                  grad_bytes=1e6)
     c = Config(tp=2, dp=4, num_micro_batches=2, micro_batch_size=4, overlap_grad_reduce=True)
@@ -157,7 +217,7 @@ def test_zero_makes_it_fit_when_dp_can_shard(tmp_path):
     rec = recs[0]
     n1 = (8 * (4 * 4096 ** 2 + 2 * 4096 * 16384) + 2 * 50304 * 4096)
     unsharded = _fit_by_hand(1, 0, m=c.num_micro_batches)
-    assert unsharded > 48 << 30 and "with ZeRO-2 to fit" in rec.title
-    assert rec.flags.get("--data-parallel-sharding-strategy") == "optim_grads"
+    assert unsharded > 48 << 30 and "with ZeRO-1 to fit" in rec.title
+    assert rec.flags.get("--use-distributed-optimizer") == "" and "--use-distributed-optimizer" in rec.command
     dp = int(rec.title.split(" x DP ")[1].split()[0])
-    assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * 16 * (1 - 1 / dp), rel=1e-9)
+    assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * 12 * (1 - 1 / dp), rel=1e-9)

@@ -12,7 +12,7 @@ import pytest
 from conftest import DATA, ROOT
 from diag.analysis import diagnose
 from diag.analysis.rankpass import summarize
-from diag.analysis.shapes import infer_shape
+from diag.analysis.shapes import attention_kind, infer_shape
 from diag.trace import load_job, load_rank
 from kineto import TraceBuilder
 
@@ -143,3 +143,28 @@ def test_real_b200_trace():
 def test_traces_without_shapes_give_nothing():
     rt = load_rank(os.path.join(DATA, "a100_rank0_of_2_nccl_args", "nccl_data.json.gz"))
     assert rt.gemms == {} and infer_shape(rt.gemms) == {}       # aten::mm ops, but no record_shapes
+
+
+@pytest.mark.parametrize("names,kind", [
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"], "fused"),
+    (["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_f16_aligned_64x64_rf_sm80"], "fused"),
+    (["aten::_scaled_dot_product_cudnn_attention"], "fused"),
+    (["aten::_flash_attention_forward", "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>"], "fused"),
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", "aten::_softmax"], "eager"),
+    (["aten::baddbmm", "aten::_softmax", "aten::bmm"], "eager"),          # Megatron's unfused core
+    (["scaled_upper_triang_masked_softmax_warp_forward", "aten::bmm"], "eager"),
+    (["aten::_flash_attention_forward", "aten::_scaled_dot_product_attention_math"], "eager"),   # both: keeps scores
+    (["aten::_log_softmax", "aten::mm", "aten::addmm"], None),            # the loss's softmax is not attention
+    (["flash_attn/modules/mha.py(120): forward", "aten::mm"], None),       # a Python frame is not an op
+])
+def test_attention_kind_from_op_and_kernel_names(names, kind):
+    assert attention_kind(names) == kind
+
+
+def test_the_trainers_cpu_attention_is_fused_and_said_once_in_the_facts():
+    """The trainer's F.scaled_dot_product_attention runs flash attention on CPU; a GPU trace with
+    only the loss's log-softmax says nothing (None: the memory model keeps the scores)."""
+    d = diagnose(load_job(os.path.join(ROOT, "sample_traces", "pp2_m2")))
+    assert d.facts.attention == "fused"
+    rt = load_rank(os.path.join(DATA, "a100_single_ns_resolution", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"))
+    assert summarize(rt).attention is None

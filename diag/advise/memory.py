@@ -17,8 +17,15 @@ Per rank, in bytes (docs/memory.md works every term by hand):
 - activations per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", table 2; 16-bit activations, x2 for fp32):
   no TP s·b·h·(34 + 5·a·s/h); TP t s·b·h·(10 + 24/t + 5·a·s/(h·t)); TP with sequence parallelism
-  s·b·h·(34 + 5·a·s/h)/t; selective recompute drops the 5·a·s/h attention term; full recompute
-  keeps only each layer's input, 2·s·b·h (/t with SP). Context parallelism divides s by cp;
+  s·b·h·(34 + 5·a·s/h)/t. The 5·a·s/h term is the s x s attention scores (softmax, dropout):
+  attention that keeps none (flash, memory-efficient or cuDNN SDPA, flash-attn: `Shape.attention`
+  "fused", from the trace) drops it, and so does selective recompute; unknown attention keeps it
+  (the conservative count). Full recompute keeps each layer's input, 2·s·b·h (/t with SP), and
+  in backward re-materialises one layer of one micro-batch at a time: that layer's activations
+  less its input, once. Context parallelism divides s by cp;
+- the last stage's head (Korthikanti et al. 2022, section 4.3): the final norm's input and the
+  output layer's input (2·s·b·h each) and the logits the loss keeps in fp32 (4·s·b·V), /t, per
+  micro-batch in flight there;
 - micro-batches in flight on stage i of p (Narayanan et al. 2021): 1F1B min(m, p - i); GPipe m;
   interleaved 1F1B the 1F1B count times (1 + (p - 1) / (p · v)).
 """
@@ -35,6 +42,11 @@ RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 SHARDING = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}   # Megatron-LM's names
 GiB, MiB = float(1 << 30), float(1 << 20)
+ATTENTION_WORDS = {
+    "fused": "attention fused (the trace's ops): no s x s scores kept, selective recompute saves nothing",
+    "eager": "attention eager (the trace's ops): its s x s scores counted (5·a·s/h)",
+    None: "attention kind unknown (the trace names no attention op): its s x s scores counted (5·a·s/h), "
+          "an upper bound if it is fused"}
 
 
 def human(n: float) -> str:
@@ -52,6 +64,7 @@ class Shape:
     ffn: Optional[int] = None
     query_groups: Optional[int] = None
     swiglu: bool = False
+    attention: Optional[str] = None     # "fused": keeps no s x s scores; "eager" or None: keeps them
 
 
 @dataclass(frozen=True)
@@ -114,14 +127,38 @@ def params_on_stage(s: Shape, lay: MemoryConfig, stage: int) -> float:
     return (blocks / lay.pp + ends * embed) / lay.tp
 
 
+def scores_term(s: Shape, lay: MemoryConfig) -> float:
+    """Korthikanti's 5·a·s/h (per s·b·h, 16-bit): the s x s attention scores a layer keeps; 0 when
+    the attention keeps none (fused) or recomputes them (selective)."""
+    if s.attention == "fused" or lay.recompute == "selective":
+        return 0.0
+    return 5.0 * s.heads * (s.seq / lay.cp) / s.hidden
+
+
 def activation_bytes_per_layer(s: Shape, lay: MemoryConfig) -> float:
-    """One layer, one micro-batch (Korthikanti et al. 2022, table 2)."""
-    seq, b, h, a, t = s.seq / lay.cp, lay.micro_batch_size, s.hidden, s.heads, lay.tp
+    """What one layer keeps for backward, one micro-batch (Korthikanti et al. 2022, table 2)."""
+    seq, b, h, t = s.seq / lay.cp, lay.micro_batch_size, s.hidden, lay.tp
     if lay.recompute == "full":
         per = 2.0 * seq * b * h / (t if lay.sequence_parallel else 1)
     else:
-        attn = 0.0 if lay.recompute == "selective" else 5.0 * a * seq / h
+        attn = scores_term(s, lay)
         per = seq * b * h * ((34.0 + attn) / t if lay.sequence_parallel else 10.0 + 24.0 / t + attn / t)
+    return per * (2.0 if lay.dtype == "fp32" else 1.0)
+
+
+def recompute_bytes(s: Shape, lay: MemoryConfig) -> float:
+    """Full recompute's working set in backward: one layer of one micro-batch re-materialised, less
+    its input (kept already); 0 without full recompute."""
+    if lay.recompute != "full":
+        return 0.0
+    return activation_bytes_per_layer(s, replace(lay, recompute="none")) - activation_bytes_per_layer(s, lay)
+
+
+def head_bytes(s: Shape, lay: MemoryConfig) -> float:
+    """The last stage's head, one micro-batch: final norm and output layer inputs 2·s·b·h each (/t
+    with SP) and the loss's fp32 logits 4·s·b·V/t (Korthikanti et al. 2022, 4.3); x2 for fp32."""
+    seq, b, t = s.seq / lay.cp, lay.micro_batch_size, lay.tp
+    per = 4.0 * seq * b * s.hidden / (t if lay.sequence_parallel else 1) + 4.0 * seq * b * s.vocab / t
     return per * (2.0 if lay.dtype == "fp32" else 1.0)
 
 
@@ -144,7 +181,8 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, scale: float = 1.0) -
     grads = n * g / (shard if lay.zero >= 2 else 1.0)
     optim = n * o / (shard if lay.zero >= 1 else 1.0)
     flight = in_flight(lay, stage)
-    act = activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight
+    act = (activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight + recompute_bytes(s, lay)
+           + (stage == lay.pp - 1) * head_bytes(s, lay) * flight)
     return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
                     in_flight=flight, scale=scale)
 
@@ -191,19 +229,20 @@ class MemoryModel:
     def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:
         """lay as it is if it fits, else with the cheapest levers that make it fit (FITTING_LEVERS,
         taken cumulatively, in order of what they cost in time); None if even all of them do not."""
-        for cand in fit_ladder(lay):
+        for cand in fit_ladder(lay, self.shape.attention):
             if self.peak(cand).total <= capacity:
                 return cand
         return None
 
 
-def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
+def fit_ladder(lay: MemoryConfig, attention: Optional[str] = None) -> list[MemoryConfig]:
     """lay, then lay with more and more memory levers, cheapest first: sequence parallelism (no
-    extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-2 (the same
-    gradient volume, reduce-scattered; ZeRO-1 is skipped: the ladder was written when the
-    instrumented trainer had only FSDP2, whose least sharding is optimizer and gradients), selective recompute (attention only),
-    ZeRO-3 (the weights all-gathered again in forward and backward), full recompute (one more
-    forward)."""
+    extra traffic: all-gather + reduce-scatter move what the all-reduce moved), ZeRO-1 (Megatron's
+    distributed optimizer: gradients reduce-scattered and parameters all-gathered, the volume of
+    the all-reduce it replaces), ZeRO-2 (the same gradient volume, reduce-scattered), selective
+    recompute (the attention core again; not offered when the attention is fused: it keeps no
+    s x s scores, so selective recompute saves nothing), ZeRO-3 (the weights all-gathered again in
+    forward and backward), full recompute (one more forward). No ZeRO rung at dp 1."""
     out = [lay]
     def add(**kw):
         cur = out[-1]
@@ -212,10 +251,14 @@ def fit_ladder(lay: MemoryConfig) -> list[MemoryConfig]:
             out.append(nxt)
     if lay.tp > 1:
         add(sequence_parallel=True)
-    add(zero=max(2, out[-1].zero))
-    if out[-1].recompute == "none":
+    shard = lay.dp > 1                  # sharding over one rank saves nothing
+    if shard:
+        add(zero=max(1, out[-1].zero))
+        add(zero=max(2, out[-1].zero))
+    if out[-1].recompute == "none" and attention != "fused":
         add(recompute="selective")
-    add(zero=3)
+    if shard:
+        add(zero=3)
     add(recompute="full")
     return out
 
@@ -270,7 +313,8 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
     if missing:
         return None, None, capacity, [f"memory not modelled: {', '.join(k.replace('_', ' ') for k in missing)} unknown"]
     shape = Shape(num_layers=f.num_layers, hidden=f.hidden_size, heads=f.num_attention_heads, seq=f.seq_length,
-                  vocab=f.vocab_size, ffn=f.ffn_hidden_size, query_groups=f.num_query_groups, swiglu=bool(f.swiglu))
+                  vocab=f.vocab_size, ffn=f.ffn_hidden_size, query_groups=f.num_query_groups, swiglu=bool(f.swiglu),
+                  attention=f.attention)
     sched = f.pipeline_schedule or "1f1b"
     lay = MemoryConfig(tp=f.tp or 1, pp=f.pp or 1, dp=f.dp or 1, cp=f.cp or 1, micro_batch_size=f.micro_batch_size,
                        num_micro_batches=f.num_micro_batches,
@@ -279,4 +323,5 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
                        dtype="fp32" if f.dtype == "fp32" else "bf16")
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
-    return model, lay, capacity, [f"memory model: {model.basis}", f"peak memory now: {model.peak(lay).arithmetic()}"]
+    return model, lay, capacity, [f"memory model: {model.basis}", ATTENTION_WORDS.get(f.attention, ATTENTION_WORDS[None]),
+                                  f"peak memory now: {model.peak(lay).arithmetic()}"]

@@ -88,6 +88,15 @@ def _shape_from_trace(summaries: list[RankSummary], meta: RunFacts, grid: JobLay
     return meta, []
 
 
+def _attention(summaries: list[RankSummary], meta: RunFacts) -> RunFacts:
+    """The attention kind the traces show (shapes.attention_kind): eager if any rank keeps the
+    scores, else fused if any rank runs fused attention; as given when no trace says."""
+    kinds = {s.attention for s in summaries} - {None}
+    if not kinds:
+        return meta
+    return msgspec.structs.replace(meta, attention="eager" if "eager" in kinds else "fused")
+
+
 def run_facts(job: Job, config: Optional[dict], shape: Optional[dict]) -> RunFacts:
     """The run's facts as given: diag_run.json < the framework config file < the flags, each
     validated by the one schema (diag.runmeta); a value that does not fit names its source."""
@@ -148,6 +157,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     notes = list(job.notes) + list(config.pop("notes", []) or [])
     grid = job_layout(job, summaries, {"tp": tp, "pp": pp, **(sizes or {})}, config)
     meta, shape_notes = _shape_from_trace(summaries, meta, grid)
+    meta = _attention(summaries, meta)
     notes += grid.notes + shape_notes
     meta = _with_layout(meta, grid)
     memory, meta = _measured_memory(job, summaries, grid, meta)

@@ -26,6 +26,7 @@ from .memuse import RankMemory, compute_device, rank_memory
 from .layoutfind import compact_pg_config
 from .ppactions import PPTrace, read_rank
 from .results import RankResult, StepTime
+from .shapes import attention_kind
 from .steps import window_of
 
 # DTensor's dispatch marks: its aten::linear carries the global (unsharded) weight, its local
@@ -53,6 +54,7 @@ class RankSummary:
     pp: PPTrace = field(default_factory=PPTrace)    # its pipeline actions and p2p waits (ppactions)
     gemms: list = field(default_factory=list)       # [[op, input dims, count]]: shapes.infer_shape's input
     dtensor: bool = False                           # GEMMs dispatched by DTensor: their shapes are global
+    attention: Optional[str] = None                 # shapes.attention_kind: fused | eager; None: not seen
     memory: RankMemory = field(default_factory=RankMemory)   # measured peak and curve (memuse)
 
     def set_rank(self, rank: int) -> None:
@@ -108,4 +110,5 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
                        gantt=gantt_input(rt, w, timeline, sets.compute),
                        pg_config=compact_pg_config(rt.pg_config), pp=read_rank(rt, w, timeline, comms),
                        gemms=[[op, [list(d) for d in dims], int(n)] for (op, dims), n in rt.gemms.items()],
-                       dtensor=bool(t.name_mask(DTENSOR_RE.match).any()), memory=rank_memory(rt, w, timeline))
+                       dtensor=bool(t.name_mask(DTENSOR_RE.match).any()), memory=rank_memory(rt, w, timeline),
+                       attention=attention_kind(t.symbols.names))

@@ -18,9 +18,15 @@ Forward GEMMs are told apart from backward ones only through aten::linear (input
 Engine) give tokens and hidden size only. Whatever the shapes leave ambiguous is left out of
 the result: unknown, never a guess. Ops fused away by torch.compile or Transformer Engine
 leave no aten shapes at all.
+
+The attention kind (`attention_kind`), for the memory model: "fused" when the trace runs an
+attention that keeps no s x s scores for backward (flash, memory-efficient or cuDNN SDPA,
+flash-attn, Transformer Engine's fused attention), "eager" when it materialises them (SDPA's math
+path, Megatron's unfused softmax), None when its op names say neither.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from math import prod
 from typing import Iterable, Mapping, Optional, Union
@@ -28,6 +34,13 @@ from typing import Iterable, Mapping, Optional, Union
 MIN_TOKEN_SHARE = 0.5     # of the GEMMs (by count) that must share the token rows
 MIN_HIDDEN_SHARE = 0.75   # of those that must have h on one side: a transformer, not a mix of MLPs
 MIN_SHAPES = 2            # distinct GEMMs behind a value: a block has several, a toy model one
+
+# ops and kernels of attention that keeps only its output and log-sum-exp (no s x s scores)
+FUSED_ATTENTION_RE = re.compile(r"flash|_efficient_attention|_scaled_dot_product_(efficient|cudnn|fused)_attention|"
+                                r"fmha|fusedattn|cudnn_attention", re.IGNORECASE)
+# ... and of attention that keeps the scores: SDPA's math fallback, Megatron-LM's unfused core
+EAGER_ATTENTION_RE = re.compile(r"_scaled_dot_product_attention_math|scaled_(upper_triang_)?masked_softmax|"
+                                r"ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax", re.IGNORECASE)
 
 Gemm = tuple[int, int, int]          # (tokens m, in k, out n)
 GemmsIn = Union[Iterable[tuple[str, tuple]], Mapping[tuple[str, tuple], int]]
@@ -150,3 +163,14 @@ def _gated(out_of: Counter, f: int, per_layer: int) -> Optional[bool]:
     if out_of[f] == per_layer and not out_of[2 * f]:
         return False
     return None
+
+
+def attention_kind(names: Iterable[str]) -> Optional[str]:
+    """"fused", "eager" or None (the names say neither) from one rank's op and kernel names. Both
+    kinds in one trace is "eager": some layers keep the scores. Megatron's unfused core without
+    its fused softmax shows only as baddbmm + softmax, taken as eager when nothing is fused."""
+    names = {n for n in names if ".py(" not in n}         # ops and kernels, not Python stack frames
+    fused = any(FUSED_ATTENTION_RE.search(n) for n in names)
+    if any(EAGER_ATTENTION_RE.search(n) for n in names) or (not fused and {"aten::baddbmm", "aten::_softmax"} <= names):
+        return "eager"
+    return "fused" if fused else None

@@ -6,6 +6,8 @@ moves with ZeRO stages and recomputation the way the byte arithmetic says.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -58,15 +60,17 @@ CONFIGS = {
     "ZeRO-2": ["--data-parallel-sharding-strategy", "optim_grads"],
     "ZeRO-3": ["--data-parallel-sharding-strategy", "optim_grads_params"],
     "long seq": ACTIVATIONS,
+    "long seq, ZeRO-1": [*ACTIVATIONS, "--use-distributed-optimizer"],
     "long seq, full recompute": [*ACTIVATIONS, "--recompute-granularity", "full"],
     "long seq, selective recompute": [*ACTIVATIONS, "--recompute-granularity", "selective"],
 }
 
 
 @pytest.fixture(scope="module")
-def peaks(tmp_path_factory) -> dict[str, int]:
+def measured(tmp_path_factory) -> dict[str, tuple[int, Path]]:
     """Each configuration's measured peak at its first measured step (step 3: the least
-    exposed to the drift FSDP2's runs show from step to step, see docs/trainer.md)."""
+    exposed to the drift FSDP2's runs show from step to step, see docs/trainer.md), and its
+    output folder."""
     out = {}
     for name, args in CONFIGS.items():
         run = run_trainer(tmp_path_factory.mktemp("mem"), 2, *MEASURE, *args)
@@ -77,8 +81,13 @@ def peaks(tmp_path_factory) -> dict[str, int]:
                                                   for v in measured[3:]), measured
         facts = json.loads((run.out / "diag_run.json").read_text())
         assert facts["peak_memory_bytes"] == max(measured[3:])
-        out[name] = measured[3]
+        out[name] = measured[3], run.out
     return out
+
+
+@pytest.fixture(scope="module")
+def peaks(measured) -> dict[str, int]:
+    return {name: peak for name, (peak, _) in measured.items()}
 
 
 def _params(*extra: str) -> int:
@@ -124,6 +133,44 @@ def test_recompute_lowers_the_peak_by_the_activations_it_drops(peaks):
     expected_full = (layers - 1) * 15 * s * b * h * 4
     assert 0.8 * expected_full <= full <= 1.25 * expected_full, (full, expected_full)
     assert 0 <= selective <= layers * b * a * s * 4, selective
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["long seq", "long seq, ZeRO-1", "long seq, full recompute",
+                                  "long seq, selective recompute"])
+def test_the_memory_model_predicts_the_measured_peak(measured, name):
+    """diag's memory model, not calibrated, for the run as diag reads it (diag_run.json's shape
+    and levers; the attention kind from the trace: CPU flash attention, "fused"), meets the
+    measured peak within 15% (docs/trainer.md's table: -2.0%, -1.8%, -7.2%, -1.9%)."""
+    from diag.advise.memory import MemoryModel, of_diagnosis
+    from diag.analysis import diagnose
+    from diag.trace import load_job
+
+    peak, out = measured[name]
+    d = diagnose(load_job(str(out)))
+    assert d.facts.attention == "fused"
+    model, lay, _, _ = of_diagnosis(d)
+    predicted = MemoryModel(model.shape).peak(lay).total
+    assert abs(predicted - peak) <= 0.15 * peak, (predicted, peak)
+
+
+@pytest.mark.slow
+def test_the_memory_model_prices_zero_1_as_measured(measured):
+    """ZeRO-1's saving, modelled, against measured on both jobs: within 10% (measured: 2.5% and
+    5.2% over the model). The model counts 212,992 parameters (no position embedding, norms or
+    biases: 2.5% fewer than the trainer's 218,496); the long job saves 24,600 B more than the
+    short one (not explained). The whole peak of the short job is not met within 15%
+    (docs/trainer.md): its activations are small and the backward's transient buffers, which
+    the model does not count, are not."""
+    from diag.advise.memory import MemoryConfig, MemoryModel, Shape
+
+    for base, zero1, seq, mbs, m in (("no sharding", "ZeRO-1", 32, 2, 2), ("long seq", "long seq, ZeRO-1", 128, 4, 1)):
+        lay = MemoryConfig(dp=2, micro_batch_size=mbs, num_micro_batches=m, dtype="fp32")
+        model = MemoryModel(Shape(num_layers=4, hidden=64, heads=4, seq=seq, vocab=128, attention="fused"))
+        saved = model.peak(lay).total - model.peak(replace(lay, zero=1)).total
+        assert saved == 212_992 * 8 / 2
+        got = measured[base][0] - measured[zero1][0]
+        assert abs(saved - got) <= 0.10 * got, (base, saved, got)
 
 
 def test_step_peaks_are_the_allocators_bytes(tmp_path):
