@@ -81,7 +81,9 @@ GANTT_LEGEND = ("gaps: the time of this one step with neither compute nor expose
                 "whole window, so the two differ")
 AXIS_HEADER = ["axis", "comm ms/step", "exposed ms/step", "hidden %"]
 OPS_HEADER = ["collective", "size", "calls", "ms/rank", "exposed", "wait", "busbw", "eff %"]
-OPS_LEGEND = ("ms/rank, exposed, wait: ms per rank over the window; busbw: GB/s (nccl-tests bus bandwidth) "
+OPS_LEGEND = ("ms/rank, exposed, wait: ms per rank over the window (ms/rank: the transfers' own time; "
+              "exposed also counts, on a host timeline, the calls that issued them and the waits on them, "
+              "so it can exceed ms/rank); busbw: GB/s (nccl-tests bus bandwidth) "
               "from the transfer time matched across the group; * = from one rank's kernel time, "
               "which includes waiting; eff: busbw / link peak")
 
