@@ -135,6 +135,25 @@ def test_wait_tensor_is_blocked_and_counts_as_its_collectives_exposed_time(tmp_p
     assert [(o.op, o.median_bytes) for o in d.comm.ops] == [("all_reduce", 64 * 4)]
 
 
+def test_a_wait_on_a_kept_tensor_much_later_is_not_this_transfers_blocking(tmp_path):
+    """As above, and the same tensor is waited on again at 900-905, after more compute (a tensor
+    kept and waited a step later): no new op was issued, so that wait is on this transfer, but it
+    is no blocking on it: the transfer's window is not stretched over 500-900 (idle, not
+    communication), only its own wait 900-905 stays communication of the rank."""
+    b = gloo_rank(0, 1, {})
+    b.cpu_op("_c10d_functional::all_reduce", 100, 30, **{"Input Dims": [[64], [], []]})
+    issue(b, "allreduce_", 105, 20, [[[64]], [], [], [], [], []], ["TensorList", "", "", "", "Scalar", "Scalar"])
+    transfer(b, "all_reduce", 128, 272, [64])
+    ops = [(140, 300), (500, 700)]
+    for s, e in ops:
+        b.cpu_op("aten::mm", s, e - s)
+    for s, e in ((300, 500), (900, 905)):
+        b.cpu_op("_c10d_functional::wait_tensor", s, e - s, **{"Input Dims": [[64]], "Input type": ["float"]})
+    d = diagnose(load_job(write(b, tmp_path)))
+    assert d.comm.ranks[0].exposed_s == pytest.approx(length(minus([(100, 130), (128, 400), (300, 500)], ops)) * US)
+    assert d.ranks[0].breakdown.comm_s == pytest.approx((240 + 5) * US)
+
+
 def test_a_transfer_takes_the_name_and_size_of_the_op_that_issued_it(tmp_path):
     """FSDP2's `c10d::_reduce_scatter_base_(output [4096], input [8192])` runs as gloo:all_reduce
     of 8192 floats: a reduce-scatter of S = 8192 x 4 B (nccl-tests: the whole input). DTensor's

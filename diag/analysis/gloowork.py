@@ -35,6 +35,7 @@ FUNCOL_RE = re.compile(r"^_?c10d_functional(_autograd)?::(?!wait_tensor|_wrap)")
 WAIT_RE = re.compile(r"^_?c10d_functional(_autograd)?::wait_tensor$")
 FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.)")
 P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
+REWAIT_NS = 100_000   # a second wait on one tensor this soon after the first is the same blocking
 
 
 @dataclass
@@ -109,8 +110,10 @@ def _by_fsdp(t, issuer: np.ndarray) -> np.ndarray:
 
 
 def _blocked(rt: RankTrace, window_rows: np.ndarray, issuer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per transfer: the wait_tensor(s) its issuer blocked in on it, [lo, hi) (their hull when a
-    tensor was waited on twice); lo == hi none."""
+    """Per transfer: the wait_tensor(s) its issuer blocked in on it, [lo, hi): the first, joined by
+    a second that follows it within REWAIT_NS (DTensor waits twice on one tensor; the second
+    returns at once). A later wait on the same tensor (a step later, on a tensor kept) is no
+    blocking on this transfer and is not joined: a hull would span the step between. lo == hi none."""
     t, c = rt.events, rt.comms
     lo, hi = np.full(issuer.size, np.iinfo(np.int64).max), np.zeros(issuer.size, np.int64)
     paired = np.flatnonzero(issuer >= 0)
@@ -123,9 +126,14 @@ def _blocked(rt: RankTrace, window_rows: np.ndarray, issuer: np.ndarray) -> tupl
     out, into = comm_column(c.row, c.out_nelems, ops), comm_column(c.row, c.in_nelems, ops)
     pick = _waited_on(comm_column(c.row, c.in_nelems, waits), t.ts_ns[waits],
                       np.where(out >= 0, out, into), t.ts_ns[ops])
-    got = pick >= 0
-    np.minimum.at(lo, paired[pick[got]], t.ts_ns[waits[got]])
-    np.maximum.at(hi, paired[pick[got]], t.end_ns[waits[got]])
+    got = np.flatnonzero(pick >= 0)
+    got = got[np.argsort(t.ts_ns[waits[got]], kind="stable")]
+    for i, r in zip(paired[pick[got]].tolist(), waits[got].tolist()):
+        a, b = int(t.ts_ns[r]), int(t.end_ns[r])
+        if hi[i] == 0:
+            lo[i], hi[i] = a, b
+        elif a <= hi[i] + REWAIT_NS:      # the second wait right after the first: one blocked stretch
+            hi[i] = max(hi[i], b)
     return np.minimum(lo, hi), hi
 
 
