@@ -3,8 +3,8 @@
 Problem: a layout that the step-time model prices as faster is worth nothing if it does not fit:
 on a cluster that is an out-of-memory error after the queue. This model splits a rank's peak
 into the parts a change moves, each from published arithmetic, and is calibrated on the run's
-measured peak when there is one (the activation term is scaled to meet it), so a prediction for
-a change starts from what this job really used.
+measured peak when there is one (the residual, measured - modelled, is held in every
+prediction), so a prediction for a change starts from what this job really used.
 
 Per rank, in bytes (docs/memory.md works every term by hand):
 - parameters on the rank: the transformer blocks' `gpt_params` share / (tp · pp), plus the input
@@ -97,19 +97,20 @@ class Estimate:
     optimizer: float
     activations: float
     in_flight: float                    # micro-batches whose activations are held at the peak
-    scale: float = 1.0                  # the calibration's factor on activations
+    other: float = 0.0                  # the calibration's residual: measured peak - modelled (any sign)
     words: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations * self.scale
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
 
     def arithmetic(self) -> str:
         """The sum, in GiB (MiB for small models), as a person would check it."""
         div, unit = (GiB, "GiB") if self.total >= GiB else (MiB, "MiB")
-        act = f"{self.activations / div:.3g}" + (f" x {self.scale:.3g}" if self.scale != 1.0 else "")
+        other = f" {'+' if self.other >= 0 else '-'} other {abs(self.other) / div:.3g}" if self.other else ""
         return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
-                f"{self.optimizer / div:.3g} + activations {act} ({self.in_flight:g} micro-batch{'es' * (self.in_flight != 1)} in flight) "
+                f"{self.optimizer / div:.3g} + activations {self.activations / div:.3g} ({self.in_flight:g} "
+                f"micro-batch{'es' * (self.in_flight != 1)} in flight){other} "
                 f"= {self.total / div:.3g} {unit} (stage {self.stage})")
 
 
@@ -173,7 +174,7 @@ def in_flight(lay: MemoryConfig, stage: int) -> float:
     return n
 
 
-def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, scale: float = 1.0) -> Estimate:
+def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -> Estimate:
     n = params_on_stage(s, lay, stage)
     w, g, o = per_param_bytes(lay.dtype)
     shard = float(lay.dp)
@@ -184,46 +185,43 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, scale: float = 1.0) -
     act = (activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight + recompute_bytes(s, lay)
            + (stage == lay.pp - 1) * head_bytes(s, lay) * flight)
     return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
-                    in_flight=flight, scale=scale)
+                    in_flight=flight, other=other)
 
 
 @dataclass
 class MemoryModel:
     """The model for one job's shape, calibrated on its measured peak when there is one."""
     shape: Shape
-    scale: float = 1.0                  # measured / modelled activations (1: not calibrated)
+    other: float = 0.0                  # measured - modelled peak of the measured layout (0: not calibrated)
     basis: str = "not calibrated: no measured peak memory"
 
     def peak(self, lay: MemoryConfig) -> Estimate:
         """The rank with the largest modelled peak (stage 0 under 1F1B, the ends under GPipe)."""
-        return max((rank_estimate(self.shape, lay, st, self.scale) for st in range(lay.pp)), key=lambda e: e.total)
+        return max((rank_estimate(self.shape, lay, st, self.other) for st in range(lay.pp)), key=lambda e: e.total)
 
     @classmethod
     def calibrated(cls, shape: Shape, lay: MemoryConfig, measured_peak: Optional[float]) -> "MemoryModel":
-        """Scale the activation term so the modelled peak of the measured layout meets the measured
-        peak; parameters and optimizer states are counted, not fitted."""
+        """Hold the measured peak's residual over the model (measured - modelled, for the measured
+        layout) constant in every prediction, as the step-time model holds its time residual: what
+        the model does not count (the optimizer step's temporaries, allocator blocks, buffers of the
+        framework) does not change with the levers, while what it counts moves by its arithmetic."""
         model = cls(shape)
         if not measured_peak:
             return model
         e = model.peak(lay)
-        static = e.weights + e.grads + e.optimizer
-        if e.activations <= 0 or measured_peak <= static:
-            model.basis = (f"not calibrated: the measured peak {human(measured_peak)} is not above the "
-                           f"modelled weights, gradients and optimizer states ({human(static)})")
-            return model
-        model.scale = (measured_peak - static) / e.activations
-        model.basis = (f"activations x {model.scale:.3g}: the measured peak {human(measured_peak)} less "
-                       f"{human(static)} of weights, gradients and optimizer states, over the modelled "
-                       f"{human(e.activations)}")
+        model.other = float(measured_peak) - e.total
+        model.basis = (f"other {'+' if model.other >= 0 else '-'}{human(abs(model.other))}: the measured peak "
+                       f"{human(measured_peak)} less the modelled {human(e.total)} (weights, gradients, optimizer "
+                       "states and activations), held in every prediction")
         return model
 
     def parts(self, lay: MemoryConfig) -> list[MemoryParts]:
         """What each stage's peak is made of under lay, activations as calibrated."""
         out = []
         for st in range(lay.pp):
-            e = rank_estimate(self.shape, lay, st, self.scale)
+            e = rank_estimate(self.shape, lay, st, self.other)
             out.append(MemoryParts(stage=st, weights=e.weights, grads=e.grads, optimizer=e.optimizer,
-                                   activations=e.activations * e.scale, total=e.total))
+                                   activations=e.activations, other=e.other, total=e.total))
         return out
 
     def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:

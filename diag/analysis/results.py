@@ -352,8 +352,9 @@ class MemoryParts:
     weights: float
     grads: float
     optimizer: float
-    activations: float                 # calibrated: the model's activations x its scale
+    activations: float
     total: float
+    other: float = 0.0                 # calibrated: measured - modelled peak, held (any sign)
 
 
 @dataclass
