@@ -6,23 +6,25 @@ recommendation (more micro-batches, same global batch), re-runs both configurati
 (so load from other processes hits both alike) and compares the medians of the unprofiled
 steps: the step time training really gets (the profiled steps, slowed by the profiler, are
 reported too; see docs/recommendations.md).
-Required, exactly: the bubble rule is applied with a micro-batch that divides the batch, both
-configurations ran twice, the predicted change is the recommendation's own model figure and
-says faster. Required as a timing: the measured step time improves; when it does not while the
-unchanged run's own steps spread by more than 10% (interquartile range over median), or two runs
-of one configuration differ by more than 10% (both measured in this run), the result is reported
-inconclusive with that noise instead of failing.
-How close the prediction comes is a timing claim, so it is not asserted here (#19): it is
-`make bench-tune`'s table (benchmarks/bench_tune.py, reading in benchmarks/README.md).
+Required, all exact: the bubble rule is applied with a micro-batch that divides the batch, both
+configurations ran twice, the re-run is the recommendation's command, the measured change is the
+medians of the raw step logs (recomputed here), and the predicted change is the recommendation's
+own model figure and says faster. Whether the change measured faster, and how close the
+prediction came, are timing claims on a shared machine (a user's `make test` runs beside other
+work: a run here measured +7.8% with the noise gate at 9.9%), so they are not asserted here
+(#19): they are `make bench-tune`'s table (benchmarks/bench_tune.py, reading in
+benchmarks/README.md).
 """
-import glob
+import json
+import os
 import statistics
 import sys
 
+import pytest
+
 from click.testing import CliRunner
 
-from conftest import spread, timing_verdict
-from diag.advise.tune import measured_steps, tune
+from diag.advise.tune import tune
 from diag.cli import main
 
 POOR = ("python -m instrumented_trainer --nproc 2 --pipeline-model-parallel-size 2 --num-layers 4 "
@@ -31,26 +33,31 @@ POOR = ("python -m instrumented_trainer --nproc 2 --pipeline-model-parallel-size
         "--profile-wait 1 --profile-warmup 1 --profile-active 4 --no-metrics")
 
 
-def _noise(r) -> float:
-    """Within-run spread of r's unprofiled steps, or the drift between its repeats, the larger."""
-    runs = [r.out] + sorted(glob.glob(r.out + "-[0-9]*"))
-    steps = [measured_steps(out, r.diagnosis.run) for out in runs]
-    medians = [statistics.median(x) for x in steps if x]
-    drift = max(medians) / min(medians) - 1 if medians else float("inf")
-    return max([drift] + [spread(x) for x in steps if x])
+def _steps_jsonl(out: str) -> list[float]:
+    """The unprofiled steps of one run, read here from its steps.jsonl and diag_run.json (the
+    test's own parse: steps 1.. outside the profiler's wait + warmup + active + export window)."""
+    with open(os.path.join(out, "diag_run.json")) as f:
+        prof = json.load(f)["profile"]
+    lo, hi = prof["wait"], prof["wait"] + prof["warmup"] + prof["active"]
+    with open(os.path.join(out, "steps.jsonl")) as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return [r["step_seconds"] for r in rows if r["step"] >= 1 and not lo <= r["step"] <= hi]
 
 
-def test_closed_loop_applies_the_recommendation_and_improves(tmp_path):
+def test_closed_loop_applies_the_recommendation(tmp_path):
     res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2)
     assert res.applied is not None and res.applied.rule == "bubble", res.message
     assert res.applied.flags["--micro-batch-size"] in ("1", "2", "4")
     assert res.before.runs == 2 and res.after.runs == 2 and res.after.steps >= 4
-    # the mechanics above are exact; the size of the change is a timing, judged against the noise
-    # measured now: the spread of each run's own steps, and how far two runs of one configuration
-    # (made alternately) drift apart
-    noise = max(_noise(res.before), _noise(res.after))
-    timing_verdict(res.measured_change < 0, noise, 0.10, f"measured {res.measured_change:+.1%}: the change did not help")
-    # the prediction is the model's, carried as the recommendation says it (exact, not a timing)
+    # the re-run is exactly the recommendation's command
+    assert f"--micro-batch-size {res.applied.flags['--micro-batch-size']}" in res.after.command
+    # the measured change is the medians of both configurations' unprofiled steps, over both runs
+    # of each (recomputed here from the raw logs); whether it is an improvement is a timing on a
+    # shared machine, so it is make bench-tune's to say (#19), not this test's
+    before = _steps_jsonl(res.before.out) + _steps_jsonl(res.before.out + "-1")
+    after = _steps_jsonl(res.after.out) + _steps_jsonl(res.after.out + "-1")
+    assert res.measured_change == pytest.approx(statistics.median(after) / statistics.median(before) - 1, rel=1e-12)
+    # the prediction is the model's, carried as the recommendation says it
     assert res.predicted_change == res.applied.step_s_after / res.applied.step_s_before - 1
     assert res.predicted_change < 0 and res.error is not None
 
