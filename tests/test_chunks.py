@@ -76,3 +76,54 @@ def test_directory_loaded_across_processes_equals_serial(monkeypatch):
     monkeypatch.setenv("DIAG_WORKERS", "3")
     parallel = render(diagnose(load_job(path)), "json")
     assert parallel == serial
+
+
+ODD_IDS = [7, 0, -1, -5, 2**53 + 1, 2**63 - 1, 2**63, 2**64 + 3, 10**400, 3.0, 2.5, "7", "x", None, True, [1], {"a": 1}]
+
+
+def _both_ways(events):
+    """chunk_columns of the same events decoded typed (the fast paths: ids as IdArgs, threads
+    in numpy) and loosely (every value coerced, args as Args): they must agree exactly."""
+    raw = json.dumps(events).encode()
+    typed, loose = schema.decode_events(raw), schema._events_decoder.decode(raw)
+    assert type(typed[0]) in schema.PHASE_OF and type(loose[0]) is schema.Event
+    a, b = chunks.chunk_columns(typed), chunks.chunk_columns(loose)
+    assert a.names == b.names and a.threads == b.threads and a.skipped == b.skipped
+    assert a.cols.keys() == b.cols.keys()
+    for k in a.cols:
+        assert np.array_equal(a.cols[k], b.cols[k], equal_nan=k in ("ts", "dur")), k
+    assert a.comm_args == b.comm_args
+    return a
+
+
+def _kernel(i, args, pid=0, tid=7):
+    ev = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce" if i % 3 == 0 else "gemm_kernel",
+          "pid": pid, "tid": tid, "ts": 10.0 * i, "dur": 5.0}
+    if args is not ...:
+        ev["args"] = args
+    return ev
+
+
+@pytest.mark.parametrize("value", ODD_IDS + [...])
+def test_id_columns_fast_path_equals_loose(value):
+    """Kernels' ids (stream, device, correlation, External id) of any type: decoded as integers
+    where they are, else every row as Args; the columns and comm args are the same either way."""
+    good = {"stream": 7, "device": 0, "correlation": 11, "External id": 3, "Collective name": "allreduce"}
+    events = [_kernel(i, dict(good, correlation=11 + i)) for i in range(20)]
+    for key in ("stream", "device", "correlation", "External id"):
+        events.append(_kernel(len(events), ... if value is ... else dict(good, **{key: value})))
+    events.append(_kernel(len(events), None if value is ... else {}))
+    events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 1,
+                   "ts": 1.0, "dur": 1.0, "args": {"correlation": value if value is not ... else 4}})
+    _both_ways(events)
+
+
+@pytest.mark.parametrize("ids", [(1, 2), (2**63, 5), (-3, 2**64), ("12", 12), (None, 3), ("Spans", "x")])
+def test_threads_fast_path_equals_loose(ids):
+    """Host threads numbered by first appearance of (pid, tid): in numpy when both are integers
+    in int64, by their values otherwise (a numeric string is not the integer)."""
+    pid, tid = ids
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i % 4}", "pid": [pid, 1, 12][i % 3],
+               "tid": [tid, 12, 2, tid][i % 4], "ts": float(i), "dur": 1.0} for i in range(40)]
+    a = _both_ways(events)
+    assert len(a.threads) == len(set(a.threads))

@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, eq
+from operator import attrgetter, eq, index
 from typing import Iterator, Optional
 
 import msgspec
@@ -52,17 +52,21 @@ class ChunkCols:
         return int(self.cols["ts"].size) if self.cols else 0
 
 
-def codes_of(values) -> tuple[np.ndarray, dict]:
+def codes_of(values, n: Optional[int] = None) -> tuple[np.ndarray, dict]:
     """Small integer codes of hashable values (in order of first appearance), with the value ->
-    code map. Two C-level passes over the values (dict.fromkeys, map), a Python loop only over
-    the distinct ones."""
-    values = values if isinstance(values, list) else list(values)
-    codes = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values)), codes
+    code map. One C-level pass: each value is looked up once, by dict.setdefault with the next
+    code (len of the map, taken just before) as its default. values: a list, or an iterator of
+    n values (map over the events: no list of the field is made)."""
+    if n is None:
+        values = values if isinstance(values, list) else list(values)
+        n = len(values)
+    codes: dict = {}
+    return np.fromiter(map(codes.setdefault, values, map(len, repeat(codes))), dtype=np.int32, count=n), codes
 
 
-def _kinds(cats: list[str], name_ids: np.ndarray, symbols: SymbolTable) -> np.ndarray:
-    idx, codes = codes_of(cats)
+def _kinds(cats: tuple[np.ndarray, dict], name_ids: np.ndarray, symbols: SymbolTable) -> np.ndarray:
+    """cats: codes_of the events' categories."""
+    idx, codes = cats
     by_cat = np.full(len(codes) + 1, -2, dtype=np.int8)   # -2: a kernel, decided by its name
     for c, i in codes.items():
         lc = c.lower()
@@ -118,6 +122,13 @@ class _Fields:
         values = list(map(get, self.evs))
         return values if self.typed else as_keys(values)
 
+    def codes(self, get, coerce) -> tuple[np.ndarray, dict]:
+        """codes_of the field: straight from the events when typed, else of its coerced values
+        (coerce: as_strings or as_keys)."""
+        if self.typed:
+            return codes_of(map(get, self.evs), len(self.evs))
+        return codes_of(coerce(list(map(get, self.evs))))
+
     def floats(self, get) -> np.ndarray:
         if self.typed:
             return np.fromiter(map(get, self.evs), dtype=np.float64, count=len(self.evs))
@@ -148,13 +159,30 @@ def _timed(chunk: list, out: ChunkCols, typed: bool) -> list:
     return list(compress(chunk, map(eq, tags, repeat(x))))
 
 
+def _int_field(f: _Fields, get) -> Optional[np.ndarray]:
+    """A typed field as int64 when every value is an integer in range (operator.index refuses
+    strings, numeric ones too, and None), else None."""
+    try:
+        return np.fromiter(map(index, map(get, f.evs)), dtype=np.int64, count=len(f.evs))
+    except (TypeError, OverflowError):
+        return None
+
+
 def _threads(f: _Fields) -> tuple[np.ndarray, list]:
     """Each event's host thread as a code over its distinct (pid, tid) pairs, numbered in order
     of first appearance, and those pairs. pid and tid are coded apart and combined in numpy:
-    hashing a tuple per event costs more than the rest of the chunk's columns."""
-    pid, pids = codes_of(f.keys(_PID))
-    tid, tids = codes_of(f.keys(_TID))
-    pairs = pid.astype(np.int64) * len(tids) + tid
+    hashing a tuple per event costs more than the rest of the chunk's columns. When both are
+    integers throughout (typed chunks, nearly always) they are coded in numpy (np.unique)."""
+    pid = _int_field(f, _PID) if f.typed else None
+    tid = _int_field(f, _TID) if pid is not None else None
+    if tid is not None:
+        pids, pid = np.unique(pid, return_inverse=True)
+        tids, tid = np.unique(tid, return_inverse=True)
+        pids, tids = pids.tolist(), tids.tolist()
+    else:
+        pid, pids = f.codes(_PID, as_keys)
+        tid, tids = f.codes(_TID, as_keys)
+    pairs = pid.reshape(-1).astype(np.int64) * len(tids) + tid.reshape(-1)
     uniq, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     number = np.empty(len(uniq), dtype=np.int32)
@@ -164,6 +192,33 @@ def _threads(f: _Fields) -> tuple[np.ndarray, list]:
     return number[inverse.reshape(-1)], keys
 
 
+_ID_COLUMNS = ("stream", "device", "correlation", "external_id")
+
+
+def _id_columns(n: int, need: np.ndarray, raws: list, is_comm: np.ndarray, out: ChunkCols) -> dict:
+    """The id columns (-1 but at the rows in need, whose args are raws), and out.comm_args.
+    The ids are decoded as integers (schema.IdArgs) and the full Args only for the
+    communication rows; if any row's ids are not plain integers, every row is read as Args."""
+    ids = schema.decode_ids_many(raws)
+    if ids is not None:
+        try:
+            # int64, then float64 as num_column reads numbers (the same rounding past 2**53)
+            cols = {col: sparse_column(n, need, np.fromiter(map(attrgetter(col), ids), dtype=np.int64,
+                                                            count=len(ids)).astype(np.float64))
+                    for col in _ID_COLUMNS}
+        except OverflowError:            # an integer past int64: num_column's way
+            ids = None
+    if ids is None:
+        args = schema.decode_args_many(raws)
+        cols = {col: sparse_column(n, need, list(map(attrgetter(col), args))) for col in _ID_COLUMNS}
+        comm_rows, comm_args = need[is_comm].tolist(), compress(args, is_comm.tolist())
+    else:
+        comm_rows = need[is_comm].tolist()
+        comm_args = schema.decode_args_many(list(compress(raws, is_comm.tolist())))
+    out.comm_args = dict(zip(comm_rows, comm_args))
+    return cols
+
+
 def chunk_columns(chunk: list) -> ChunkCols:
     out = ChunkCols(names=[], threads=[], cols={}, comm_args={})
     typed = bool(chunk) and type(chunk[0]) in schema.PHASE_OF
@@ -171,25 +226,21 @@ def chunk_columns(chunk: list) -> ChunkCols:
     if not evs:
         return out
     f = _Fields(evs, typed)
-    name_ids, codes = codes_of(f.strings(_NAME))
+    name_ids, codes = f.codes(_NAME, as_strings)
     sym = SymbolTable.of(codes)
-    kind = _kinds(f.strings(_CAT), name_ids, sym)
+    kind = _kinds(f.codes(_CAT, as_strings), name_ids, sym)
     gpu = np.isin(kind, GPU_ACTIVITY)
     comm = (kind == Kind.COMM) | host_comm_mask(name_ids, kind, sym)
     # Only these rows' args are read: GPU activity (stream, device, correlation), launches
     # (correlation) and communication (sizes, groups).
     needed = gpu | (kind == Kind.RUNTIME) | comm
     need = np.flatnonzero(needed)
-    args = schema.decode_args_many(list(map(_ARGS, compress(evs, needed.tolist()))))
+    raws = list(map(_ARGS, compress(evs, needed.tolist())))
     n = len(evs)
     thread, keys = _threads(f)
     out.names, out.threads = sym.names, keys
-    out.cols = dict(ts=f.floats(_TS), dur=f.floats(_DUR),
-                    name=name_ids, kind=kind, gpu=gpu, thread=thread,
-                    **{col: sparse_column(n, need, list(map(attrgetter(col), args)))
-                       for col in ("stream", "device", "correlation", "external_id")})
-    is_comm = comm[need]
-    out.comm_args = {int(r): a for r, a, c in zip(need.tolist(), args, is_comm.tolist()) if c}
+    out.cols = dict(ts=f.floats(_TS), dur=f.floats(_DUR), name=name_ids, kind=kind, gpu=gpu, thread=thread,
+                    **_id_columns(n, need, raws, comm[need], out))
     out.gemms = gemm_shapes(evs, name_ids, sym.names, out.skipped)
     return out
 

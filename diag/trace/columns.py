@@ -16,6 +16,12 @@ def num_column(values: list, dtype, missing: int = -1) -> np.ndarray:
             raise ValueError("not a flat list of numbers")
     except (TypeError, ValueError, OverflowError):
         arr = np.array([as_float(v) for v in values], dtype=np.float64)
+    return float_column(arr, dtype, missing)
+
+
+def float_column(arr: np.ndarray, dtype, missing: int = -1) -> np.ndarray:
+    """A float64 array -> dtype, as num_column: not finite, or out of an integer dtype's range,
+    -> missing (arr is changed in place)."""
     bad = ~np.isfinite(arr)
     if np.issubdtype(np.dtype(dtype), np.integer):      # past the type's range: missing, not wrapped
         lim = np.iinfo(dtype)
@@ -34,9 +40,10 @@ def as_float(v: Any) -> float:
         return math.nan
 
 
-def sparse_column(n: int, rows: np.ndarray, values: list) -> np.ndarray:
-    """A full int64 column, -1 except at rows (whose args were decoded)."""
+def sparse_column(n: int, rows: np.ndarray, values) -> np.ndarray:
+    """A full int64 column, -1 except at rows (whose args were decoded): values is a list, or
+    a float64 array (num_column's first step, done by the caller)."""
     out = np.full(n, -1, dtype=np.int64)
     if rows.size:
-        out[rows] = num_column(values, np.int64)
+        out[rows] = float_column(values, np.int64) if isinstance(values, np.ndarray) else num_column(values, np.int64)
     return out

@@ -38,6 +38,18 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     labels: Any = None  # metadata events: process_labels ("CPU", "GPU 0")
 
 
+class IdArgs(msgspec.Struct, gc=False):
+    """The four id columns of Args, as GPU activity and launches write them (integers, -1 when
+    absent): decoded for every such row (decode_ids_many), where the full Args, with its Any
+    fields, are decoded only for the communication rows. Any other type fails validation and
+    the caller reads these rows as Args instead."""
+
+    external_id: int = msgspec.field(default=-1, name="External id")
+    correlation: int = -1
+    stream: int = -1
+    device: int = -1
+
+
 class Event(msgspec.Struct, gc=False):
     # Typed loosely on purpose: one event of an odd type must not make a whole file
     # unreadable. chunks.py coerces these in bulk (fast when the types are the usual ones)
@@ -175,6 +187,20 @@ def decode_args_many(raws: list, typ: type = Args) -> list:
         return [_EMPTY[typ] if a is None else a for a in out]
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError, RecursionError, UnicodeDecodeError):
         return [decode_args(r, typ) for r in raws]
+
+
+_ids_decoder = msgspec.json.Decoder(list[IdArgs])
+
+
+def decode_ids_many(raws: list) -> "list[IdArgs] | None":
+    """Many events' args as IdArgs in one call; None if any of them is absent, null, malformed
+    or has an id that is no integer (the caller then decodes them as Args)."""
+    if not all(raws):                       # an event without args: the caller's loose path
+        return None
+    try:
+        return _ids_decoder.decode(b"[" + b",".join(raws) + b"]")
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
+        return None
 
 
 _NON_SPACE = re.compile(rb"\S")
