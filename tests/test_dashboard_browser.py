@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from browser import ARTIFACTS, ROOT, chromium, console_errors, dashboard_server
+from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -46,6 +47,11 @@ def _pick_second_run(driver, name: str) -> None:
     option.click()
 
 
+def _picker_value(driver) -> str:
+    picker = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stSelectbox"]')
+    return picker.find_element(By.CSS_SELECTOR, "input").get_attribute("value")
+
+
 def _problems_on_page(driver) -> list[str]:
     boxes = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"], [data-testid="stAlertContentError"]')
     return [b.text for b in boxes]
@@ -67,9 +73,12 @@ def test_every_page_renders_in_chromium(tmp_path):
             assert _problems_on_page(driver) == [], title
             sidebar = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"]').text
             assert "Open: tp2_pp2_dp2" in sidebar, (title, sidebar)      # moving between pages keeps the run
-            picker = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stSelectbox"]')
-            shown = picker.find_element(By.CSS_SELECTOR, "input").get_attribute("value")
-            assert shown == "tp2_pp2_dp2", (title, shown, picker.get_attribute("innerHTML")[:3000])   # and the picker shows it
+            # and the picker shows it (the browser may draw the widget before its value arrives:
+            # waited for, up to 30 s, then the value it shows is the failure)
+            try:
+                WebDriverWait(driver, 30, poll_frequency=0.3).until(lambda d: _picker_value(d) == "tp2_pp2_dp2")
+            except TimeoutException:
+                raise AssertionError((title, _picker_value(driver))) from None
             assert console_errors(driver) == [], title
             if title == "Overview":
                 values = [e.text for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stMetricValue"]')]
