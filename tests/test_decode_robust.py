@@ -125,3 +125,17 @@ def test_cli_gives_no_traceback_on_any_of_them(tmp_path):
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "baseTimeNanoseconds" in done.stdout and "items of traceEvents" in done.stdout
+
+
+def test_a_timestamp_past_int64_nanoseconds_is_a_clear_error_not_an_overflow(tmp_path):
+    """Found by the fuzzer in CI: ts 9223372036854776.0 us is 2^63 ns, past int64; the clock
+    alignment then overflowed converting the trace's origin to ns. Such an event is unusable,
+    like one days away from the others."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "ts": 9223372036854776.0}]}))
+    from diag.trace.errors import TraceError
+    with pytest.raises(TraceError, match="no event has a usable timestamp"):
+        load_job(str(path))
+    p = subprocess.run([sys.executable, "-m", "diag", "analyze", str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "usable timestamp" in p.stderr

@@ -23,6 +23,7 @@ from .symbols import SymbolTable
 from .table import EventTable, RankTrace
 
 MAX_SPAN_US = 1e11          # ~28 hours
+MAX_ABS_TS_US = 9e15        # ~285 years after the epoch: x 1000 (ns) and + MAX_SPAN_US still fit int64
 
 
 @dataclass
@@ -96,6 +97,7 @@ def _table(path: str, parts: _Parts) -> tuple[EventTable, np.ndarray]:
     # A real trace spans seconds to hours; an event days away from the others is corrupt, and
     # keeping it would overflow int64 nanoseconds.
     good &= np.abs(ts_us - np.median(ts_us[good])) <= MAX_SPAN_US
+    good &= np.abs(ts_us) <= MAX_ABS_TS_US      # the job's clock in ns (t0 x 1000) must fit int64 too
     if not good.any():
         raise TraceError(path, "no event has a usable timestamp")
     if not good.all():
