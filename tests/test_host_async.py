@@ -112,12 +112,10 @@ def test_a_receive_nobody_computes_under_is_exposed_whole(tmp_path):
     assert r.breakdown.compute_s == pytest.approx(190 * US)
 
 
-def test_wait_tensor_is_blocked_and_counts_as_its_collectives_exposed_time(tmp_path):
-    """DTensor's all-reduce: _c10d_functional::all_reduce 100-130 issues c10d::allreduce_ 105-125;
-    the worker runs gloo:all_reduce 128-400; the main thread runs mm 140-300, blocks in wait_tensor
-    300-500, runs mm 500-700. Compute 360 (the wait is not compute); communication 100-500, of
-    which 100-140 and 300-500 are exposed (240). The transfer's own exposure: its span, the call
-    that issued it and the wait on it, less compute: 100-140 and 300-500 = 240, all of the rank's."""
+def _dtensor_all_reduce_with_compute():
+    """DTensor's all-reduce as gloo records it: _c10d_functional::all_reduce 100-130 issuing
+    c10d::allreduce_ 105-125, the worker's gloo:all_reduce 128-400; mm 140-300 and 500-700 on
+    the main thread. (builder, the mm intervals)"""
     b = gloo_rank(0, 1, {})
     b.cpu_op("_c10d_functional::all_reduce", 100, 30, **{"Input Dims": [[64], [], []]})
     issue(b, "allreduce_", 105, 20, [[[64]], [], [], [], [], []], ["TensorList", "", "", "", "Scalar", "Scalar"])
@@ -125,6 +123,16 @@ def test_wait_tensor_is_blocked_and_counts_as_its_collectives_exposed_time(tmp_p
     ops = [(140, 300), (500, 700)]
     for s, e in ops:
         b.cpu_op("aten::mm", s, e - s)
+    return b, ops
+
+
+def test_wait_tensor_is_blocked_and_counts_as_its_collectives_exposed_time(tmp_path):
+    """DTensor's all-reduce: _c10d_functional::all_reduce 100-130 issues c10d::allreduce_ 105-125;
+    the worker runs gloo:all_reduce 128-400; the main thread runs mm 140-300, blocks in wait_tensor
+    300-500, runs mm 500-700. Compute 360 (the wait is not compute); communication 100-500, of
+    which 100-140 and 300-500 are exposed (240). The transfer's own exposure: its span, the call
+    that issued it and the wait on it, less compute: 100-140 and 300-500 = 240, all of the rank's."""
+    b, ops = _dtensor_all_reduce_with_compute()
     b.cpu_op("_c10d_functional::wait_tensor", 300, 200, **{"Input Dims": [[64]], "Input type": ["float"]})
     d = diagnose(load_job(write(b, tmp_path)))
     comm = [(100, 130), (105, 125), (128, 400), (300, 500)]
@@ -140,13 +148,7 @@ def test_a_wait_on_a_kept_tensor_much_later_is_not_this_transfers_blocking(tmp_p
     kept and waited a step later): no new op was issued, so that wait is on this transfer, but it
     is no blocking on it: the transfer's window is not stretched over 500-900 (idle, not
     communication), only its own wait 900-905 stays communication of the rank."""
-    b = gloo_rank(0, 1, {})
-    b.cpu_op("_c10d_functional::all_reduce", 100, 30, **{"Input Dims": [[64], [], []]})
-    issue(b, "allreduce_", 105, 20, [[[64]], [], [], [], [], []], ["TensorList", "", "", "", "Scalar", "Scalar"])
-    transfer(b, "all_reduce", 128, 272, [64])
-    ops = [(140, 300), (500, 700)]
-    for s, e in ops:
-        b.cpu_op("aten::mm", s, e - s)
+    b, ops = _dtensor_all_reduce_with_compute()
     for s, e in ((300, 500), (900, 905)):
         b.cpu_op("_c10d_functional::wait_tensor", s, e - s, **{"Input Dims": [[64]], "Input type": ["float"]})
     d = diagnose(load_job(write(b, tmp_path)))
