@@ -219,3 +219,71 @@ def test_recompute_pays_the_forward_fixed_cost_again():
     m=1, 4 layers: 4 x (1 + 2 + 1 + 3 + 1) = 32 ms."""
     w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, host_fixed_s_per_layer=3 * MS, recompute="full")
     assert step_time(w, Config(), Links()) == approx(32 * MS)
+
+
+def _dp_ops(t, op):
+    r = t.ranks[0]
+    return [(s, d) for s, d, o, a in zip(r.start_s, r.dur_s, r.op, r.axis) if a == "dp" and o == op]
+
+
+def test_zero12_reduce_scatter_and_all_gather_move_what_the_all_reduce_moved():
+    """ZeRO-1/2 (Megatron's distributed optimizer): the buckets are reduce-scattered, S(n-1)/n /
+    busbw each, and the stage's parameters all-gathered after the optimizer, P(n-1)/n / busbw.
+    With fp32 parameters (P = gradient bytes) that is the all-reduce's 2S(n-1)/n: the step only
+    loses the optimizer's (dp-1)/dp. With bf16 parameters P = S/2: 3/4 of the all-reduce."""
+    links = Links(dp=50e9)
+    for tp, pp, dp in [(1, 1, 2), (2, 2, 4), (1, 2, 3)]:
+        w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, grad_bytes=8e9, optimizer_s=12 * MS)
+        c0 = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=4, bucket_bytes=1e8)
+        ar = 8e9 / (tp * pp) * 2 * (dp - 1) / dp / 50e9
+        opt = 12 * MS / (tp * pp)
+        for zero in (1, 2):
+            c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=4, bucket_bytes=1e8, zero=zero)
+            assert step_time(w, c, links) == approx(step_time(w, c0, links) - opt * (dp - 1) / dp)
+            t = simulate(w, c, links, steps=1)
+            assert sum(d for _, d in _dp_ops(t, "reduce_scatter")) == approx(ar / 2)
+            assert sum(d for _, d in _dp_ops(t, "all_gather")) == approx(ar / 2)
+            assert not _dp_ops(t, "all_reduce")
+            half = Workload(num_layers=8, fwd_s_per_layer=1 * MS, grad_bytes=8e9, optimizer_s=12 * MS,
+                            param_bytes=4e9)
+            assert step_time(w, c, links) - step_time(half, c, links) == approx(ar / 4)
+
+
+def test_zero3_one_layer_gathers_twice_and_scatters_once_per_micro_batch():
+    """One layer, one micro-batch, dp 2: the forward waits for its all-gather (a), the backward
+    for the second one (a), the step for the reduce-scatter (r): 2a + tf + tb + r."""
+    f, G, B = 2 * MS, 4e9, 1e12
+    w = Workload(num_layers=1, fwd_s_per_layer=f, grad_bytes=G)
+    a = r = G * 0.5 / B
+    c = Config(dp=2, num_micro_batches=1, zero=3)
+    assert step_time(w, c, Links(dp=B)) == approx(2 * a + 3 * f + r)
+    t = simulate(w, c, Links(dp=B), steps=1)
+    assert len(_dp_ops(t, "all_gather")) == 2 and len(_dp_ops(t, "reduce_scatter")) == 1
+
+
+def test_zero3_prefetch_hides_all_but_the_first_gather_of_each_pass():
+    """L layers, m micro-batches, each layer's gather (a) shorter than its forward (f): only each
+    pass's first gather is exposed, and the last reduce-scatter (r < backward of a layer):
+    step = m(L·3f + 2a) + r, with 2·L·m gathers and L·m scatters; at dp 1 nothing is added."""
+    L, m, f, B = 4, 3, 2 * MS, 1e12
+    w = Workload(num_layers=L, fwd_s_per_layer=f, grad_bytes=8e9, param_bytes=4e9)
+    a, r = 1e9 * 0.5 / B, 2e9 * 0.5 / B
+    assert a < f and r < 2 * f
+    c = Config(dp=2, num_micro_batches=m, zero=3)
+    assert step_time(w, c, Links(dp=B)) == approx(m * (L * 3 * f + 2 * a) + r)
+    t = simulate(w, c, Links(dp=B), steps=1)
+    assert len(_dp_ops(t, "all_gather")) == 2 * L * m and len(_dp_ops(t, "reduce_scatter")) == L * m
+    assert step_time(w, Config(dp=1, num_micro_batches=m, zero=3), Links(dp=B)) == approx(m * L * 3 * f)
+    with pytest.raises(ValueError):
+        Config(zero=4)
+
+
+def test_zero3_two_replicas_stand_for_many():
+    """As for the all-reduce: ZeRO's gathers over two replicas on the slowed link take what they
+    take over n ranks (the bus factors (n-1)/n and 2(n-1)/n keep their ratio)."""
+    from diag.advise.calibrate import two_replicas
+    w = Workload(num_layers=4, fwd_s_per_layer=1e-3, tp_bytes_per_layer=4e6, p2p_bytes=2e6, grad_bytes=4e8)
+    links = Links(tp=200e9, pp=50e9, dp=25e9)
+    for zero in (1, 3):
+        c = Config(tp=2, pp=2, dp=8, num_micro_batches=4, zero=zero, bucket_bytes=5e7)
+        assert step_time(w, *two_replicas(c, links)) == pytest.approx(step_time(w, c, links), rel=1e-9)

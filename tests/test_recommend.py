@@ -159,3 +159,29 @@ def test_full_recompute_that_memory_does_not_need_is_turned_off(tmp_path):
     assert rec.step_s_after == pytest.approx(2 * 8 * 2 * MS * 3, rel=1e-3)              # the recompute gone
     assert rec.memory_after_bytes > rec.memory_before_bytes and rec.memory_after_bytes < rec.memory_capacity_bytes
     assert "--recompute-granularity" not in (rec.command or "")
+
+
+def test_zero3_that_memory_does_not_need_is_lowered_and_priced(tmp_path):
+    """ZeRO-3 (FSDP) at DP 2 on a model that fits an 80 GB H100 replicated: L = 8 layers of 1 GB
+    gradients (fp32), 100 GB/s busbw, f = 2 ms. Each layer's all-gather (1e9 x 1/2 / 100e9 = 5 ms)
+    outlasts its forward (2 ms) and backward (4 ms), so a pass costs L x 5 ms + its last layer:
+    m x (42 + 44) + 5 ms (the last reduce-scatter) = 177 ms. Replicated, with --overlap-grad-reduce,
+    the eight 10 ms bucket all-reduces start as the last micro-batch's backward frees them:
+    96 - 8 x 4 + 4 + 80 = 148 ms. The rule proposes no sharding, priced by the model, with the
+    flags that remove it."""
+    w = Workload(num_layers=8, fwd_s_per_layer=2 * MS, grad_bytes=8e9)
+    c = Config(dp=2, num_micro_batches=2, zero=3, overlap_grad_reduce=True, bucket_bytes=5e8)
+    links = Links(dp=100e9)
+    assert step_time(w, c, links) == pytest.approx(177 * MS, rel=1e-9)
+    d = job(tmp_path, w, c, links)
+    cal = calibrate(d)
+    assert cal.config.zero == 3 and cal.workload.grad_bytes == pytest.approx(8e9, rel=1e-6)
+    assert cal.links.dp == pytest.approx(100e9, rel=1e-3)
+    assert cal.measured_step_s == pytest.approx(177 * MS, rel=1e-3)
+    (rec,) = [r for r in d.recommendations if r.rule == "zero_down"]
+    assert rec.title == "replicated data parallelism instead of ZeRO-3"
+    assert rec.flags == {"--data-parallel-sharding-strategy": None, "--use-distributed-optimizer": None}
+    assert rec.step_s_after == pytest.approx(148 * MS, rel=1e-3)
+    assert rec.step_s_after == pytest.approx(step_time(w, Config(dp=2, num_micro_batches=2, overlap_grad_reduce=True,
+                                                                 bucket_bytes=5e8), links), rel=1e-3)
+    assert rec.memory_before_bytes < rec.memory_after_bytes <= rec.memory_capacity_bytes

@@ -24,8 +24,7 @@ for i, r in enumerate(recs, 1):
         c[3].metric("Confidence", r.confidence)
         ui.table(["metric", "value", "threshold", "unit", "source"],
                  [[e.metric, f"{e.value:.4g}", f"{e.threshold:.4g}", e.unit, e.source] for e in r.evidence])
-        flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
-        st.code(r.command or flags or "(no flag: see the checks)", language="bash")
+        st.code(r.command or r.flag_words or "(no flag: see the checks)", language="bash")
         if not r.runnable:
             st.caption("The instrumented trainer has no such flag: the command is for Megatron-LM.")
         st.caption(ui.md(r.why))

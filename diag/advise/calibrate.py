@@ -24,6 +24,7 @@ from ..runmeta import RunFacts
 from ..analysis.bandwidth import bus_factor
 from ..analysis.results import Diagnosis, steps_in_window
 from ..trace.kinds import Coll, dtype_bytes
+from .memory import zero_stage
 from .model import Config, Links, Workload, step_time
 
 BWD_RATIO = 2.0
@@ -166,15 +167,25 @@ def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[fl
     return o.busbw_median_gbps * 1e9, o.median_bytes
 
 
-def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, notes: list) -> float:
-    """Whole-model gradient bytes: fp32 per parameter, else what the DP all-reduces carried per step."""
+def _dp_axis(d: Diagnosis, zero: int) -> str:
+    """The axis the DP gradients travel on: FSDP's shard axis under ZeRO when the trace has it."""
+    if zero and any(o.axis == "dp_shard" for o in (d.comm.ops if d.comm else [])):
+        return "dp_shard"
+    return "dp"
+
+
+def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, zero: int, m: int, notes: list) -> float:
+    """Whole-model gradient bytes: fp32 per parameter, else what the DP all-reduces (under ZeRO the
+    reduce-scatters, ZeRO-3's once per micro-batch) carried per step."""
     if meta.parameter_count:
         notes.append("gradients fp32: 4 bytes per parameter of diag_run.json's parameter_count")
         return 4.0 * float(meta.parameter_count)
-    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "dp" and o.median_bytes]
-    per_rank = sum(o.median_bytes * o.calls / max(o.ranks, 1) for o in ops) / _steps(d)
+    axis, op = _dp_axis(d, zero), "reduce_scatter" if zero else "all_reduce"
+    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == axis and o.op == op and o.median_bytes]
+    per_rank = sum(o.median_bytes * o.calls / max(o.ranks, 1) for o in ops) / _steps(d) / (m if zero >= 3 else 1)
     if ops:
-        notes.append(f"gradients {per_rank * shards / 1e6:.4g} MB per step: the DP all-reduces' bytes x TP x PP")
+        notes.append(f"gradients {per_rank * shards / 1e6:.4g} MB per step: the {axis.upper()} {op.replace('_', '-')}s' "
+                     f"bytes{' per micro-batch' * (zero >= 3)} x TP x PP")
     return per_rank * shards
 
 
@@ -213,10 +224,12 @@ def calibrate(d: Diagnosis) -> Calibration:
                  + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost" if fixed else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
-    links = Links(**{a: _axis_link(d, a, notes)[0] for a in ("tp", "pp", "dp")})
+    zero = zero_stage(meta)
+    links = Links(tp=_axis_link(d, "tp", notes)[0], pp=_axis_link(d, "pp", notes)[0],
+                  dp=_axis_link(d, _dp_axis(d, zero), notes)[0])
     act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * \
         (dtype_bytes(meta.dtype or "bf16") or 2)
-    grad = _grad_bytes(d, meta, tp * pp, notes)
+    grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
@@ -224,7 +237,13 @@ def calibrate(d: Diagnosis) -> Calibration:
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
-               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7))
+               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero)
+    if zero:
+        notes.append(f"ZeRO-{zero} ({meta.data_parallel_sharding_strategy or 'distributed optimizer'}): "
+                     + ("each layer's parameters all-gathered before its forward and its backward, one layer "
+                        "ahead, its gradients reduce-scattered after its backward, every micro-batch (FSDP)"
+                        if zero >= 3 else "gradient buckets reduce-scattered, the parameters all-gathered "
+                        "after the optimizer (Megatron-LM's distributed optimizer), fp32 parameters assumed"))
     tokens = d.throughput.tokens_per_step if d.throughput else None
     model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "

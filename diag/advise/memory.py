@@ -288,13 +288,17 @@ def zero_stage(facts) -> int:
     return 1 if facts.use_distributed_optimizer else 0
 
 
-def zero_flags(stage: int) -> dict:
-    """The trainer / Megatron-LM flags that select a ZeRO stage."""
-    if stage <= 0:
-        return {}
-    if stage == 1:
-        return {"--use-distributed-optimizer": ""}
-    return {"--data-parallel-sharding-strategy": {2: "optim_grads", 3: "optim_grads_params"}[stage]}
+def zero_flags(stage: int, before: int = 0) -> dict:
+    """The trainer / Megatron-LM flags that select a ZeRO stage, from a run at stage `before`: going
+    up, the one flag that adds it; going down, the flags of the higher stages removed (None)."""
+    if stage >= before:
+        if stage <= 0:
+            return {}
+        if stage == 1:
+            return {"--use-distributed-optimizer": ""}
+        return {"--data-parallel-sharding-strategy": {2: "optim_grads", 3: "optim_grads_params"}[stage]}
+    return {"--data-parallel-sharding-strategy": {2: "optim_grads"}.get(stage),
+            "--use-distributed-optimizer": "" if stage == 1 else None}
 
 
 def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Optional[float], list[str]]:

@@ -23,6 +23,7 @@ from ..trace.kinds import Coll
 from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Workload:
     host_fixed_s_per_layer: float = 0.0  # host operators' fixed cost, one layer, one micro-batch, forward +
                                          # backward: the same at any micro-batch size and TP (CPU timelines)
     dtensor_s_per_layer: float = 0.0     # DTensor's dispatch, one layer, one micro-batch: paid at TP > 1 only
+    param_bytes: float = 0.0        # parameter bytes of the whole unsharded model as ZeRO all-gathers them;
+                                    # 0: as many as the gradients (fp32 parameters)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -48,7 +51,7 @@ class Workload:
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
         for name in ("tp_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
-                     "host_fixed_s_per_layer", "dtensor_s_per_layer"):
+                     "host_fixed_s_per_layer", "dtensor_s_per_layer", "param_bytes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.recompute not in ("none", "full"):
@@ -68,6 +71,8 @@ class Config:
     virtual_stages: int = 1
     overlap_grad_reduce: bool = False
     bucket_bytes: float = 40e6
+    zero: int = 0                   # ZeRO stage over the DP ranks (docs/model.md): 0 all-reduce, 1-2 reduce-
+                                    # scatter + parameter all-gather, 3 per-layer all-gathers (FSDP)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "num_micro_batches", "micro_batch_size", "virtual_stages"):
@@ -80,6 +85,8 @@ class Config:
             raise ValueError("virtual_stages > 1 needs the interleaved schedule")
         if not self.bucket_bytes > 0:
             raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ValueError(f"Config.zero must be one of {ZERO_STAGES}, got {self.zero!r}")
 
     @property
     def grid(self) -> RankGrid:
@@ -115,6 +122,14 @@ def allreduce_s(nbytes: float, n: int, busbw: float, latency_s: float = 0.0) -> 
     return latency_s + nbytes * bus_factor(Coll.ALL_REDUCE, n) / busbw
 
 
+def gather_s(nbytes: float, n: int, busbw: float, latency_s: float = 0.0) -> float:
+    """All-gather or reduce-scatter of S bytes (the whole output / input, as nccl-tests counts):
+    t = S * (n-1)/n / busbw (plus latency): half an all-reduce of the same S."""
+    if n <= 1:
+        return 0.0
+    return latency_s + nbytes * bus_factor(Coll.ALL_GATHER, n) / busbw
+
+
 def p2p_s(nbytes: float, busbw: float, latency_s: float = 0.0) -> float:
     return latency_s + nbytes * bus_factor(Coll.SEND, 2) / busbw
 
@@ -125,15 +140,17 @@ def _even(nbytes: float) -> int:
 
 
 def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> tuple:
-    """Gradient buckets in backward order (last layer first): (closing layer, bytes, seconds)."""
-    if c.dp == 1:
+    """Gradient buckets in backward order (last layer first): (closing layer, bytes, seconds);
+    all-reduced, or reduce-scattered under ZeRO-1/2; none under ZeRO-3 (per layer instead)."""
+    if c.dp == 1 or c.zero >= 3:
         return ()
+    sync = gather_s if c.zero else allreduce_s
     out, acc = [], 0.0
     for layer in range(layers):
         acc += bytes_per_layer
         if acc >= c.bucket_bytes or layer == layers - 1:
             b = _even(acc)
-            out.append((layer, b, allreduce_s(b, c.dp, links.dp, links.latency_s)))
+            out.append((layer, b, sync(b, c.dp, links.dp, links.latency_s)))
             acc = 0.0
     return tuple(out)
 
@@ -150,14 +167,22 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
     f = w.fwd_s_per_layer / c.tp * slowdown
     hf, hb = host_fixed_s(w, c)
     tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer), _even(w.p2p_bytes)
+    zero = c.zero if c.dp > 1 else 0
+    grad_layer = w.grad_bytes / (c.tp * w.num_layers)
+    param_layer = (w.param_bytes or w.grad_bytes) / (c.tp * w.num_layers)
+    ag_stage = _even(param_layer * layers) if zero in (1, 2) else 0
+    ag_layer, rs_layer = (_even(param_layer), _even(grad_layer)) if zero >= 3 else (0, 0)
+    gather = (lambda b: gather_s(b, c.dp, links.dp, links.latency_s) if b else 0.0)
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
         bwd_half_s=(f * w.bwd_ratio + hb) / 2 + w.launch_overhead_s,
         recompute_s=f + hf + w.launch_overhead_s if w.recompute == "full" else 0.0,
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
-        buckets=dp_buckets(layers, w.grad_bytes / (c.tp * w.num_layers), c, links),
-        optimizer_s=w.optimizer_s / (c.tp * c.pp), overlap_dp=c.overlap_grad_reduce, chunks=c.virtual_stages)
+        buckets=dp_buckets(layers, grad_layer, c, links),
+        optimizer_s=w.optimizer_s / (c.tp * c.pp * (c.dp if zero else 1)), overlap_dp=c.overlap_grad_reduce,
+        chunks=c.virtual_stages, zero=zero, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
+        layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer)
 
 
 def place(grid: RankGrid, rank: int) -> Place:
@@ -204,11 +229,11 @@ class RankOps:
     kind: tuple                     # "compute" | "comm"
     name: tuple
     axis: tuple                     # "tp" | "pp" | "dp" | None
-    op: tuple                       # "all_reduce" | "send" | "recv" | None
+    op: tuple                       # "all_reduce" | "all_gather" | "reduce_scatter" | "send" | "recv" | None
     nbytes: np.ndarray
     group: tuple                    # member ranks of the op's process group
     step: np.ndarray
-    stream: tuple                   # "main" | "dp"
+    stream: tuple                   # "main" | "dp" | "ag" | "rs" (schedule.STREAMS)
     step_start_s: np.ndarray        # steps + 1 values: each step's start, then the last step's end
 
     def __post_init__(self) -> None:
@@ -297,13 +322,13 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
     programs = {}
     for r in range(grid.world_size):
         pl = place(grid, r)
-        main, dp = [], []
+        streams: dict = {}
         for k in range(-WARMUP_STEPS, steps):
-            mk, dk = step_program(config.schedule, config.num_micro_batches, pl, costs[pl.stage], k,
-                                  _delay_at(delay.get(r, 0.0), k))
-            main += [(k, i) for i in mk]
-            dp += [(k, i) for i in dk]
-        programs[(r, "main")], programs[(r, "dp")] = main, dp
+            prog = step_program(config.schedule, config.num_micro_batches, pl, costs[pl.stage], k,
+                                _delay_at(delay.get(r, 0.0), k))
+            for name, ins in prog.items():
+                streams.setdefault(name, []).extend((k, i) for i in ins)
+        programs.update({(r, name): ins for name, ins in streams.items()})
     records, marks, ends = Engine(programs).run()
     return _timeline(grid, steps, records, marks, ends)
 

@@ -59,7 +59,7 @@ class Context:
     dropped: list = field(default_factory=list)      # changes that do not fit, in words
     memory_unknown: str = "peak memory not modelled"  # why, when memory is None
 
-    def _memory(self, rec: Recommendation, config: Optional[Config], changes: dict) -> bool:
+    def _memory(self, rec: Recommendation, config: Optional[Config], workload, changes: dict) -> bool:
         """Put the modelled peaks on rec; pair it with the least ZeRO stage that makes it fit.
         False when nothing makes it fit (rec is then dropped and said in ctx.dropped)."""
         if self.memory is None or self.mem_config is None:
@@ -84,11 +84,8 @@ class Context:
             rec.title += f", with {words} to fit"
             rec.flags.update(mem.lever_flags(after_cfg, fit))
             rec.memory.append(f"without {words}: {over.arithmetic()}: over the device's {mem.human(self.capacity)}")
-            if fit.zero >= 3:
-                rec.assumptions.append("ZeRO-3's parameter all-gathers in forward and backward are not priced "
-                                       "in the step time")
-            if fit.recompute == "full" and after_cfg.recompute != "full" and not self._reprice_recompute(rec, config):
-                self.dropped.append(f"{rec.title}: with full recompute it is no longer faster")
+            if not self._reprice(rec, config, workload, after_cfg, fit):
+                self.dropped.append(f"{rec.title}: with {words} it is no longer faster")
                 return False
             if rec.command:
                 rec.command = rerun_command(self.d.run.command if self.d.run else None, rec.flags, rec.rule)
@@ -100,19 +97,29 @@ class Context:
     def axis(self, name: str) -> Optional[AxisOverlap]:
         return next((a for a in (self.d.comm.axes if self.d.comm else []) if a.axis == name), None)
 
-    def _reprice_recompute(self, rec: Recommendation, config: Optional[Config]) -> bool:
-        """The step with one more forward per micro-batch (full recompute); False if no longer a gain."""
-        if self.cal is None or config is None or not self.step_s:
-            rec.assumptions.append("full recompute's extra forward is not priced")
+    def _reprice(self, rec: Recommendation, config: Optional[Config], workload, before: mem.MemoryConfig,
+                 fit: mem.MemoryConfig) -> bool:
+        """The step with the levers that make it fit priced: ZeRO's traffic (model.py) and full
+        recompute's extra forward; sequence parallelism and selective recompute move what they
+        moved before (docs/model.md). False if it is no longer a gain."""
+        zero, full = fit.zero != before.zero, fit.recompute == "full" and before.recompute != "full"
+        if not (zero or full):
             return True
-        rec.step_s_after = self.cal.predict(config, replace(self.cal.workload, recompute="full"))
+        if self.cal is None or config is None or not self.step_s:
+            rec.assumptions.append("the fitting levers' cost (ZeRO traffic, recompute) is not priced in the step time")
+            return True
+        w = workload or self.cal.workload
+        rec.step_s_after = self.cal.predict(replace(config, zero=fit.zero) if zero else config,
+                                            replace(w, recompute="full") if full else w)
         tokens = self.cal.tokens_per_step
         rec.tokens_per_s_after = tokens / rec.step_s_after if tokens else None
+        if fit.recompute == "selective" and before.recompute != "selective":
+            rec.assumptions.append("selective recompute's attention recompute not priced")
         return rec.step_s_after <= self.step_s * (1 - MIN_GAIN)
 
     def make(self, rule: str, title: str, evidence: list, flags: dict, after: Optional[float],
              confidence: Optional[str] = None, config: Optional[Config] = None, memory: Optional[dict] = None,
-             **kw) -> list[Recommendation]:
+             workload=None, **kw) -> list[Recommendation]:
         """One recommendation, or none when the predicted gain is below MIN_GAIN."""
         if after is not None and self.step_s and rule != "straggler" and after > self.step_s * (1 - MIN_GAIN):
             return []
@@ -128,20 +135,20 @@ class Context:
                              tokens_per_s_before=rate(self.step_s), tokens_per_s_after=rate(after),
                              confidence=conf, runnable=runnable, assumptions=list(assumptions), **kw)
         moves = config is not None or memory is not None
-        return [rec] if not moves or self._memory(rec, config, memory or {}) else []
+        return [rec] if not moves or self._memory(rec, config, workload, memory or {}) else []
 
     def best(self, rule: str, candidates: list, evidence: list, title: Callable, slowdown=None,
              prefer: Optional[Callable] = None, **kw) -> list[Recommendation]:
         """Price (config, workload or None, flags) candidates with the model; propose the fastest."""
         if not candidates:
             return []
-        priced = [(self.cal.predict(c, w, slowdown), c, f) for c, w, f in candidates]
-        after, config, flags = min(priced, key=lambda x: x[0])
+        priced = [(self.cal.predict(c, w, slowdown), c, f, w) for c, w, f in candidates]
+        after, config, flags, work = min(priced, key=lambda x: x[0])
         if self.step_s and after >= self.step_s:
             return []                                # no candidate is predicted to be faster
         if prefer is not None and self.step_s:      # the smallest change that gets most of the best gain
             enough = [x for x in priced if self.step_s - x[0] >= PREFER_SHARE * (self.step_s - after)]
-            after, config, flags = min(enough, key=lambda x: prefer(x[1]))
-        alts = [f"{title(c)}: {a * 1e3:,.1f} ms predicted" for a, c, _ in sorted(priced, key=lambda x: x[0])[1:]]
+            after, config, flags, work = min(enough, key=lambda x: prefer(x[1]))
+        alts = [f"{title(c)}: {a * 1e3:,.1f} ms predicted" for a, c, *_ in sorted(priced, key=lambda x: x[0])[1:]]
         kw["assumptions"] = kw.get("assumptions", []) + (["other candidates: " + "; ".join(alts)] if alts else [])
-        return self.make(rule, title(config), evidence, flags, after, config=config, **kw)
+        return self.make(rule, title(config), evidence, flags, after, config=config, workload=work, **kw)

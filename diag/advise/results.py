@@ -31,7 +31,8 @@ class Recommendation:
                                        # | <axis>_exposed (unpriced: the model could not be calibrated)
     title: str                         # one line: the change, in words
     evidence: list[Evidence]
-    flags: dict                        # trainer / Megatron-LM flag -> new value ("" for a switch turned on)
+    flags: dict                        # trainer / Megatron-LM flag -> new value ("" for a switch turned on,
+                                       # None for a flag removed)
     command: Optional[str]             # the exact re-run command; None when the run's command is unknown
     step_s_before: Optional[float]     # measured median step time
     step_s_after: Optional[float]      # predicted by the calibrated model
@@ -53,6 +54,11 @@ class Recommendation:
             raise ValueError(f"confidence must be one of {CONFIDENCES}, got {self.confidence!r}")
         if not self.evidence:
             raise ValueError(f"{self.rule}: no recommendation without evidence")
+
+    @property
+    def flag_words(self) -> str:
+        """The flags as a person reads them: `--size 2 --switch-on no --flag-removed`."""
+        return " ".join(k if v == "" else f"no {k}" if v is None else f"{k} {v}" for k, v in self.flags.items())
 
     @property
     def gain(self) -> Optional[float]:

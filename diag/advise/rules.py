@@ -15,6 +15,7 @@ from typing import Optional
 from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
 from .calibrate import with_micro_batch
+from .memory import zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
 DP_EXPOSED_MIN = 0.05      # exposed DP communication, fraction of the step
@@ -109,6 +110,32 @@ def recompute_off(ctx: Context) -> list[Recommendation]:
                         "save activation memory this run does not need",
                     assumptions=[] if mode == "none" else ["selective recompute's attention recompute not priced"],
                     memory={"recompute": mode})
+
+
+def zero_down(ctx: Context) -> list[Recommendation]:
+    """Parameters, gradients or optimizer states sharded over DP (ZeRO-1/2/3), and the memory model
+    says the run fits on this device with less sharding -> the least that fits: ZeRO-3's per-layer
+    all-gathers (or ZeRO-1/2's parameter all-gather) dropped, priced on the measured DP link."""
+    if ctx.cal is None or not ctx.cal.config.zero or not (ctx.memory and ctx.capacity):
+        return []
+    c, cfg = ctx.cal.config, ctx.mem_config
+    fits = [z for z in range(c.zero) if ctx.memory.peak(replace(cfg, zero=z)).total <= ctx.capacity]
+    if not fits:
+        return []
+    z = fits[0]
+    peak = ctx.memory.peak(replace(cfg, zero=z)).total
+    e = [ev(f"modelled peak memory with ZeRO-{z} / device memory", peak / ctx.capacity, 1.0, "ratio",
+            "docs/memory.md")]
+    return ctx.best("zero_down", [(replace(c, zero=z), None, zero_flags(z, before=c.zero))], e,
+                    lambda k: f"ZeRO-{k.zero} instead of ZeRO-{c.zero}" if k.zero else
+                    f"replicated data parallelism instead of ZeRO-{c.zero}",
+                    why=("ZeRO-3 all-gathers every layer's parameters before its forward and again before its "
+                         "backward, every micro-batch" if c.zero >= 3 else "the distributed optimizer all-gathers "
+                         "the parameters after each step") + "; this run fits without that much sharding",
+                    assumptions=["Megatron-LM's distributed optimizer for ZeRO-1/2 (gradients reduce-scattered, "
+                                 "parameters all-gathered after the step); the instrumented trainer's ZeRO-1 "
+                                 "all-reduces and broadcasts instead"] if z in (1, 2) else [],
+                    memory={"zero": z})
 
 
 def dp_overlap(ctx: Context) -> list[Recommendation]:
@@ -403,4 +430,4 @@ def unpriced(ctx: Context) -> list[Recommendation]:
     return out
 
 
-RULES = (bubble, recompute_off, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)
+RULES = (bubble, recompute_off, zero_down, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)

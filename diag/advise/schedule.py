@@ -98,6 +98,17 @@ class StageCosts:
     optimizer_s: float
     overlap_dp: bool
     chunks: int = 1                 # model chunks per rank (v of the interleaved schedule)
+    # ZeRO (model.py): 1-2 reduce-scatter the buckets and all-gather the stage's parameters after
+    # the optimizer; 3 all-gathers each layer's parameters before its forward and its backward
+    # (one layer ahead, on the "ag" stream) and reduce-scatters its gradients after its backward
+    # (on the "rs" stream), every micro-batch, with no buckets.
+    zero: int = 0
+    param_ag_s: float = 0.0         # ZeRO-1/2: the stage's parameters, all-gathered after the optimizer
+    param_ag_bytes: int = 0
+    layer_ag_s: float = 0.0         # ZeRO-3: one layer's parameters all-gathered
+    layer_ag_bytes: int = 0
+    layer_rs_s: float = 0.0         # ZeRO-3: one layer's gradients reduce-scattered
+    layer_rs_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,12 +132,44 @@ class ProgramWriter:
         self.p, self.c, self.step = place, costs, step
         self.main: list[Instr] = []
         self.dp: list[Instr] = []
+        self.ag: list[Instr] = []       # ZeRO-3's parameter all-gathers
+        self.rs: list[Instr] = []       # ZeRO-3's gradient reduce-scatters
         self._seq: dict = {}
+        self._rs = 0
 
-    def _coll(self, axis: str, group: tuple, nbytes: int, dur: float, name: str) -> Instr:
+    def _key(self, *what) -> tuple:
+        """An event key of this rank: launches and waits never pair across ranks."""
+        return (what[0], self.p.rank, self.step) + what[1:]
+
+    def _coll(self, axis: str, group: tuple, nbytes: int, dur: float, name: str, op: str = "all_reduce") -> Instr:
         n = self._seq.get(group, 0)
         self._seq[group] = n + 1
-        return Instr("coll", name, dur, axis, "all_reduce", nbytes, group, ("coll", self.step, group, n))
+        return Instr("coll", name, dur, axis, op, nbytes, group, ("coll", self.step, group, n))
+
+    def _gather(self, pass_key: tuple, j: int, n: int) -> None:
+        """ZeRO-3: layer j of n of this pass waits for its parameters, all-gathered on the "ag"
+        stream: the pass's first layer's when the pass starts (exposed), each next one's when the
+        layer before it starts (FSDP's prefetch of one layer)."""
+        c, key = self.c, self._key("ag", pass_key, j)
+        self.ag.append(Instr("wait", key=self._key("ag_go", pass_key, j)))
+        self.ag.append(self._coll("dp", self.p.dp_group, c.layer_ag_bytes, c.layer_ag_s, "param_all_gather",
+                                  "all_gather"))
+        self.ag.append(Instr("launch", key=key))
+        if j == 0:
+            self.main.append(Instr("launch", key=self._key("ag_go", pass_key, 0)))
+        self.main.append(Instr("wait", key=key))
+        if j + 1 < n:
+            self.main.append(Instr("launch", key=self._key("ag_go", pass_key, j + 1)))
+
+    def _scatter(self) -> None:
+        """ZeRO-3: the layer's gradients reduce-scattered on the "rs" stream once its backward ends."""
+        go = self._key("rs_go", self._rs)
+        self.main.append(Instr("launch", key=go))
+        self.rs.append(Instr("wait", key=go))
+        self.rs.append(self._coll("dp", self.p.dp_group, self.c.layer_rs_bytes, self.c.layer_rs_s,
+                                  "grad_reduce_scatter", "reduce_scatter"))
+        self.rs.append(Instr("launch", key=self._key("rs_done", self._rs)))
+        self._rs += 1
 
     def _p2p(self, what: str, kind: str, mb: int, src: int, dst: int, to_chunk: int = 0) -> Instr:
         c = self.c
@@ -152,7 +195,9 @@ class ProgramWriter:
         p, per_chunk = self.p, self.c.layers // self.c.chunks
         if (src := self._virtual(chunk, -1)) is not None:
             self.main.append(self._p2p("recv", "act", mb, src[0], p.rank, chunk))
-        for _ in range(per_chunk):
+        for j in range(per_chunk):
+            if self.c.zero >= 3:
+                self._gather(("F", mb, chunk), j, per_chunk)
             self._half("fwd_attn", self.c.fwd_half_s)
             self._half("fwd_mlp", self.c.fwd_half_s)
         if (dst := self._virtual(chunk, +1)) is not None:
@@ -165,33 +210,50 @@ class ProgramWriter:
             self.main.append(self._p2p("recv", "grad", mb, src[0], p.rank, chunk))
         closing = {b[0]: i for i, b in enumerate(c.buckets)}
         first = (c.chunks - 1 - chunk) * per_chunk   # backward order over the stage: later chunks first
-        for layer in range(first, first + per_chunk):
+        for j, layer in enumerate(range(first, first + per_chunk)):
+            if c.zero >= 3:
+                self._gather(("B", mb, chunk), j, per_chunk)
             if c.recompute_s > 0:
                 self.main.append(Instr("compute", "recompute_fwd", c.recompute_s))
             self._half("bwd_mlp", c.bwd_half_s)
             self._half("bwd_attn", c.bwd_half_s)
+            if c.zero >= 3:
+                self._scatter()
             if last and c.overlap_dp and layer in closing:
-                self.main.append(Instr("launch", key=("bucket", self.step, closing[layer])))
+                self.main.append(Instr("launch", key=self._key("bucket", closing[layer])))
         if (dst := self._virtual(chunk, -1)) is not None:
             self.main.append(self._p2p("send", "grad", mb, p.rank, dst[0], dst[1]))
 
     def grad_sync_and_optimizer(self) -> None:
+        """The DP gradient buckets (all-reduced; reduce-scattered under ZeRO-1/2), or under ZeRO-3
+        the wait for the last reduce-scatter; the optimizer; ZeRO-1/2's parameter all-gather."""
         c, p = self.c, self.p
         stream = self.dp if c.overlap_dp else self.main
+        op = "reduce_scatter" if c.zero else "all_reduce"
         for i, (_, nbytes, dur) in enumerate(c.buckets):
             if c.overlap_dp:
-                self.dp.append(Instr("wait", key=("bucket", self.step, i)))
-            stream.append(self._coll("dp", p.dp_group, nbytes, dur, f"dp_bucket_{i}"))
-        if c.overlap_dp:
-            self.dp.append(Instr("launch", key=("dp_done", self.step)))
-            self.main.append(Instr("wait", key=("dp_done", self.step)))
+                self.dp.append(Instr("wait", key=self._key("bucket", i)))
+            stream.append(self._coll("dp", p.dp_group, nbytes, dur, f"dp_bucket_{i}", op))
+        if c.overlap_dp and c.buckets:
+            self.dp.append(Instr("launch", key=self._key("dp_done")))
+            self.main.append(Instr("wait", key=self._key("dp_done")))
+        if self._rs:
+            self.main.append(Instr("wait", key=self._key("rs_done", self._rs - 1)))
         if c.optimizer_s > 0:
             self.main.append(Instr("compute", "optimizer", c.optimizer_s))
+        if c.param_ag_bytes and len(p.dp_group) > 1:
+            self.main.append(self._coll("dp", p.dp_group, c.param_ag_bytes, c.param_ag_s, "param_all_gather",
+                                        "all_gather"))
+
+
+STREAMS = ("main", "dp", "ag", "rs")
 
 
 def step_program(schedule: str, m: int, place: Place, costs: StageCosts, step: int,
-                 delay_s: float = 0.0) -> tuple[list[Instr], list[Instr]]:
-    """(main stream, dp stream) instructions of one rank for one step."""
+                 delay_s: float = 0.0) -> dict[str, list[Instr]]:
+    """Instructions of one rank for one step, per stream (STREAMS): the passes and TP
+    all-reduces ("main"), the overlapped DP buckets ("dp"), ZeRO-3's all-gathers and
+    reduce-scatters ("ag", "rs")."""
     w = ProgramWriter(place, costs, step)
     w.main.append(Instr("mark", key=("step", step)))
     if delay_s > 0:
@@ -203,7 +265,7 @@ def step_program(schedule: str, m: int, place: Place, costs: StageCosts, step: i
         else:
             w.backward(mb, last=mb == m - 1, chunk=ch)
     w.grad_sync_and_optimizer()
-    return w.main, w.dp
+    return {"main": w.main, "dp": w.dp, "ag": w.ag, "rs": w.rs}
 
 
 class Engine:

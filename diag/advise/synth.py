@@ -21,6 +21,7 @@ from typing import Optional
 
 from .. import runmeta
 from ..runmeta import RunFacts
+from .memory import SHARDING
 from .model import Config, RankOps, Timeline, Workload
 
 US = 1e6
@@ -28,13 +29,16 @@ BASE_US = 1_700_000_000_000_000.0 / 1000.0   # a plausible epoch in microseconds
 STEP_LEAD_US = 20.0     # the host opens a step this long before its first GPU op may start
 LAUNCH_LEAD_US = 5.0    # a kernel is launched this long before it starts (when it can be)
 FIRST_STEP = 10         # ProfilerStep numbers start here, as after a profiler's wait + warmup
-STREAMS = {None: 7, "tp": 20, "pp": 24, "dp": 28}
+STREAMS = {None: 7, "tp": 20, "pp": 24, "dp": 28, "ag": 32, "rs": 36}   # by axis; ZeRO-3's by model stream
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel"
 KERNELS = {"optimizer": "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>"}
 NCCL = {"all_reduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
         "send": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
-        "recv": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"}
-COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv"}
+        "recv": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+        "all_gather": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
+COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv", "all_gather": "allgather",
+              "reduce_scatter": "reduce_scatter"}
 
 
 @dataclass(frozen=True)
@@ -102,13 +106,15 @@ class _RankWriter:
     def op(self, i: int, corr: int) -> None:
         o = self.ops
         launch, start, dur = self._launch_us(i), o.start_s[i] * US, o.dur_s[i] * US
-        args = {"device": self.device, "stream": STREAMS[o.axis[i]], "correlation": corr, "External id": corr}
+        stream = STREAMS[o.stream[i]] if o.stream[i] in ("ag", "rs") else STREAMS[o.axis[i]]
+        args = {"device": self.device, "stream": stream, "correlation": corr, "External id": corr}
         if o.kind[i] == "comm":
             self._x("user_annotation", f"diag:comm:{o.axis[i]}:{o.op[i]}:{int(o.nbytes[i])}", launch - 1.0, 4.0,
                     self.pid, self.pid, {"External id": corr})
             name, axis = self.names[tuple(o.group[i])]
-            nel = int(o.nbytes[i]) // 2
-            args.update({"Collective name": COLLECTIVE[o.op[i]], "In msg nelems": nel, "Out msg nelems": nel,
+            nel, n = int(o.nbytes[i]) // 2, len(o.group[i])     # nccl-tests S: AG's output, RS's input
+            inn, out = {"all_gather": (nel // n, nel), "reduce_scatter": (nel, nel // n)}.get(o.op[i], (nel, nel))
+            args.update({"Collective name": COLLECTIVE[o.op[i]], "In msg nelems": inn, "Out msg nelems": out,
                          "Group size": len(o.group[i]), "dtype": "BFloat16", "Process Group Name": name,
                          "Process Group Description": axis, "Process Group Ranks": str(list(o.group[i]))})
             kernel = NCCL[o.op[i]]
@@ -116,7 +122,7 @@ class _RankWriter:
             kernel = KERNELS.get(o.name[i], GEMM)
         self._x("cuda_runtime", "cudaLaunchKernel", launch, 2.0, self.pid, self.pid,
                 {"correlation": corr, "External id": corr})
-        self._x("kernel", kernel, start, dur, self.device, STREAMS[o.axis[i]], args)
+        self._x("kernel", kernel, start, dur, self.device, stream, args)
 
     def doc(self, config: Config, device_name: str) -> dict:
         self.steps()
@@ -142,6 +148,7 @@ def run_meta(config: Config, workload: Workload, shape: Shape, device_name: str)
         peak_flops=shape.peak_flops, pipeline_schedule=c.schedule, virtual_pipeline_stages=c.virtual_stages,
         overlap_grad_reduce=c.overlap_grad_reduce, ddp_bucket_size=int(c.bucket_bytes // 2),
         recompute_granularity="full" if workload.recompute == "full" else None,
+        data_parallel_sharding_strategy={z: name for name, z in SHARDING.items()}.get(c.zero),
         backend="nccl", command="synthesised by diag.advise.synth")
 
 

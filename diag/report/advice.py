@@ -49,8 +49,7 @@ def rec_lines(i: int, r, md: bool = False) -> list[str]:
         lines.append(f"   evidence: {text(e.metric)} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
                      + (f" {text(f'[{e.source}]')}" if e.source else ""))
     if r.flags:
-        flags = " ".join(k if v == "" else f"no {k}" if v is None else f"{k} {v}" for k, v in r.flags.items())
-        lines.append(f"   flags: {code(flags)}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
+        lines.append(f"   flags: {code(r.flag_words)}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
     if r.command:
         lines.append(f"   re-run: {code(r.command)}")
     if r.why:
@@ -134,7 +133,7 @@ def render_tune(res) -> str:
            f"unprofiled steps ({b.runs} runs)"]
     if r is None:
         return "\n".join(out + [res.message]) + "\n"
-    out += [f"applied: {r.title} [{r.rule}]", f"  {' '.join(f'{k} {v}'.strip() for k, v in r.flags.items())}",
+    out += [f"applied: {r.title} [{r.rule}]", f"  {r.flag_words}",
             f"after:  {a.out}: median step {ms(a.trace_step_s)} ms profiled, {ms(a.step_s)} ms over {a.steps} "
             f"unprofiled steps ({a.runs} runs)",
             f"predicted change {100 * res.predicted_change:+.1f}%; measured {100 * res.measured_change:+.1f}% "

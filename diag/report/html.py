@@ -119,7 +119,7 @@ def _recommendation(i: int, r) -> str:
     after = f"upper bound {ms(r.step_s_after)} ms" if r.upper_bound else f"predicted {ms(r.step_s_after)} ms"
     gain = "" if r.gain is None else f", {100 * r.gain:.1f}% faster" + (" at best" if r.upper_bound else "")
     rows = [[e.metric, f"{e.value:.4g}", f"{e.threshold:.4g}", e.unit] for e in r.evidence]
-    flags = " ".join(f"{k} {v}".strip() for k, v in r.flags.items())
+    flags = r.flag_words
     notes = [f"<li>check: {_e(c)}</li>" for c in r.checks] + [f"<li>assumes: {_e(a)}</li>" for a in r.assumptions]
     return (f"<h3>{i}. {_e(r.title)}</h3><p>step {ms(r.step_s_before)} ms → {after}{gain}; "
             f"confidence {_e(r.confidence)}</p>" + table(["evidence", "value", "threshold", "unit"], rows)
