@@ -33,6 +33,7 @@ CASES = {
     "dp_overlap": "--nproc 2 --micro-batch-size 4 --global-batch-size 16 --hidden-size 256",
     "tp_layout": "--nproc 2 --tensor-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 8",
     "interleave": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 2",
+    "zero_bubble": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 4 --global-batch-size 8",
     "recompute": "--nproc 1 --micro-batch-size 4 --global-batch-size 8 --recompute-granularity full",
 }
 

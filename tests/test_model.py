@@ -287,3 +287,35 @@ def test_zero3_two_replicas_stand_for_many():
     for zero in (1, 3):
         c = Config(tp=2, pp=2, dp=8, num_micro_batches=4, zero=zero, bucket_bytes=5e7)
         assert step_time(w, *two_replicas(c, links)) == pytest.approx(step_time(w, c, links), rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 5), (4, 4), (4, 8), (4, 2), (3, 7), (8, 16)])
+def test_zero_bubble_order_is_torchs(p, m):
+    """The model's ZB1P order against torch.distributed.pipelining's own action lists for
+    ScheduleInterleavedZeroBubble with one stage a rank (its _get_1f1b_rank_ops, bubbles left out)."""
+    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from diag.advise.schedule import zero_bubble_order
+    kind = {sched._ComputationType.FORWARD: "F", sched._ComputationType.BACKWARD_INPUT: "I",
+            sched._ComputationType.BACKWARD_WEIGHT: "W"}
+    for s in range(p):
+        warm = sched._get_warmup_ops(s, 1, m // max(1, m // p), p, m, multiply_factor=1)
+        ops = sched._get_1f1b_rank_ops(1, p, warm, m - warm, warm, s, lambda op: s, lambda op: s,
+                                       num_1f1b_microbatches=s, enable_zero_bubble=True)
+        torch_order = [(kind[a.computation_type], a.microbatch_index) for a in ops if a is not None]
+        assert zero_bubble_order(p, s, m) == torch_order
+
+
+def test_zero_bubble_fills_the_1f1b_waits_with_weight_gradients():
+    """p = 2, m = 2, forward f, input and weight backward f each (backward 2f, split in halves), no
+    communication. 1F1B: (m + p - 1)(3f) = 9f. ZB1P: stage 0 runs F0 F1 I0 W0 I1 W1, stage 1
+    F0 I0 F1 I1 W0 W1; stage 1's I1 ends at 5f (F0 1-2, I0 2-3, F1 3-4, I1 4-5), so stage 0's I1
+    runs 5-6 after W0 (4-5) filled the wait, and W1 ends the step at 7f: 3mf + (p-1)(f + f - f)."""
+    f = 1 * MS
+    w = Workload(num_layers=2, fwd_s_per_layer=f)
+    assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == approx(9 * f)
+    assert step_time(w, Config(pp=2, num_micro_batches=2, schedule="zb1p"), Links()) == approx(7 * f)
+    for p, m in [(4, 8), (3, 6)]:           # the same formula: 3mf·L/p + (p-1)·f·L/p, L/p layers a stage
+        w = Workload(num_layers=p, fwd_s_per_layer=f)
+        assert step_time(w, Config(pp=p, num_micro_batches=m, schedule="zb1p"), Links()) == approx(
+            (3 * m + p - 1) * f)
+        assert step_time(w, Config(pp=p, num_micro_batches=m), Links()) == approx((m + p - 1) * 3 * f)

@@ -185,3 +185,20 @@ def test_zero3_that_memory_does_not_need_is_lowered_and_priced(tmp_path):
     assert rec.step_s_after == pytest.approx(step_time(w, Config(dp=2, num_micro_batches=2, overlap_grad_reduce=True,
                                                                  bucket_bytes=5e8), links), rel=1e-3)
     assert rec.memory_before_bytes < rec.memory_after_bytes <= rec.memory_capacity_bytes
+
+
+def test_zero_bubble_schedule_is_simulated(tmp_path):
+    """p = 2, m = 2 micro-batches of 2, 8 layers (4 a stage), f = 1 ms per layer: 1F1B takes
+    (m + p - 1) x 3 x 4 ms = 36 ms (bubble 1/3); ZB1P 3m x 4 + (p - 1) x 4 = 28 ms, its weight
+    gradients filling the waits (tests/test_model.py works it step by step)."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, p2p_bytes=1.0)
+    c = Config(pp=2, num_micro_batches=2, micro_batch_size=2)
+    d = job(tmp_path, w, c, Links(pp=1e15))
+    assert d.throughput.step_time_s == pytest.approx(36 * MS, rel=1e-3)
+    (rec,) = [r for r in d.recommendations if r.rule == "zero_bubble"]
+    assert rec.flags == {"--pipeline-schedule": "zb1p"}
+    assert rec.step_s_after == pytest.approx(28 * MS, rel=1e-3)
+    assert rec.step_s_after == pytest.approx(step_time(w, Config(pp=2, num_micro_batches=2, micro_batch_size=2,
+                                                                 schedule="zb1p"), Links(pp=1e15)), rel=1e-3)
+    assert rec.memory_after_bytes == rec.memory_before_bytes        # 1F1B's micro-batches in flight
+    assert "--pipeline-schedule zb1p" in rec.command

@@ -37,7 +37,7 @@ class CalibrationError(ValueError):
 
 # The schedules' names as runs and configs write them -> the step-time model's.
 MODEL_SCHEDULES = {None: "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved",
-                   "interleaved-1f1b": "interleaved", "interleaved_1f1b": "interleaved"}
+                   "interleaved-1f1b": "interleaved", "interleaved_1f1b": "interleaved", "zb1p": "zb1p"}
 
 
 def model_schedule(name) -> str:
@@ -192,6 +192,9 @@ def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, zero: int, m: int, no
 def _schedule(meta: RunFacts) -> dict:
     """The model's schedule and virtual stages for the run's: one chunk per rank is plain 1F1B."""
     sched, v = model_schedule(meta.pipeline_schedule), int(meta.virtual_pipeline_stages or 1)
+    if sched == "zb1p" and v > 1:
+        raise CalibrationError(f"cannot calibrate the step-time model: it has the zero-bubble schedule with one "
+                               f"stage a rank only, not {v} (interleaved zero bubble)")
     if sched != "interleaved" or v < 2:
         return {"schedule": "1f1b" if sched == "interleaved" else sched, "virtual_stages": 1}
     return {"schedule": sched, "virtual_stages": v}

@@ -76,7 +76,7 @@ class MemoryConfig:
     cp: int = 1
     micro_batch_size: int = 1
     num_micro_batches: int = 1
-    schedule: str = "1f1b"              # 1f1b | gpipe | interleaved
+    schedule: str = "1f1b"              # 1f1b | gpipe | interleaved | zb1p (held as 1F1B: ZB-H1 keeps its memory)
     virtual_stages: int = 1
     sequence_parallel: bool = False
     zero: int = 0                       # 0 replicated, 1 optimizer, 2 + gradients, 3 + weights sharded

@@ -67,7 +67,25 @@ def bubble(ctx: Context) -> list[Recommendation]:
                                 "fixed cost where the trace shows it (CPU): small GEMMs run less efficiently, "
                                 "which is not priced, so the fewest micro-batches within 80% of the best "
                                 "predicted gain are proposed"])
-    return out + interleave(ctx, e)
+    return out + interleave(ctx, e) + zero_bubble(ctx, e)
+
+
+def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
+    """The zero-bubble schedule (ZB1P, torch.distributed.pipelining's ScheduleInterleavedZeroBubble
+    with one stage a rank), simulated on the model: the backward split into input and weight
+    gradients, the weight passes filling 1F1B's waits, the same messages and micro-batches in flight."""
+    c = ctx.cal.config
+    rounds = max(1, c.num_micro_batches // c.pp)
+    if c.schedule != "1f1b" or c.num_micro_batches % rounds:
+        return []
+    return ctx.best("zero_bubble", [(replace(c, schedule="zb1p"), None, {"--pipeline-schedule": "zb1p"})], e,
+                    lambda k: "the zero-bubble schedule (ZB1P) instead of 1F1B",
+                    why="splitting each backward into its input and weight gradients lets the weight passes run "
+                        "while a stage would wait for its neighbours: the bubble shrinks from (p-1)(F+B+W) to "
+                        "(p-1)(F+B-W) at 1F1B's memory (Qi et al. 2023, ZB-H1)",
+                    assumptions=["weight gradients are half of each layer's backward",
+                                 "torchtitan: --parallelism.pipeline_parallel_schedule InterleavedZeroBubble; "
+                                 "Megatron-LM has no zero-bubble schedule"])
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:

@@ -15,7 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb1p")
+WEIGHT_SHARE = 0.5      # zero-bubble: the weight-gradient pass's share of a layer's backward (one GEMM of two)
 WHATS = ("compute", "send", "recv", "coll", "launch", "wait", "idle", "mark")
 
 
@@ -59,9 +60,30 @@ def interleaved_order(p: int, s: int, m: int, v: int) -> list[tuple[str, int, in
     return order + [bwd(k) for k in range(total - warm, total)]
 
 
+def zero_bubble_order(p: int, s: int, m: int) -> list[tuple[str, int]]:
+    """(pass, micro-batch) in the order stage s of p runs them under the zero-bubble schedule of
+    torch.distributed.pipelining's ScheduleInterleavedZeroBubble with one stage a rank (ZB1P, Qi
+    et al. 2023), its backward split into input ("I") and weight ("W") gradients: min(p-s-1, m)
+    warm-up forwards, then a forward and an input backward alternately, then the remaining input
+    backwards; from the (s+1)-th input backward on, each is followed by the oldest weight backward
+    not yet run, and the rest come last. The weight passes fill the waits 1F1B has."""
+    warm = min(p - s - 1, m)
+    order = [("F", i) for i in range(warm)]
+    done = 0
+    for k in range(m):
+        if warm + k < m:
+            order.append(("F", warm + k))
+        order.append(("I", k))
+        if k >= s:
+            order.append(("W", done))
+            done += 1
+    return order + [("W", i) for i in range(done, m)]
+
+
 def stage_order(schedule: str, p: int, s: int, m: int, v: int = 1) -> list[tuple]:
-    """(pass, micro-batch) in the order stage s of p runs them: pass is "F" or "B"; for the
-    interleaved schedule (pass, micro-batch, chunk) of its v chunks (interleaved_order).
+    """(pass, micro-batch) in the order stage s of p runs them: pass is "F" or "B" ("I" and "W"
+    for the zero-bubble schedule's split backward); for the interleaved schedule (pass,
+    micro-batch, chunk) of its v chunks (interleaved_order).
 
     1F1B (PipeDream-flush, Megatron's non-interleaved schedule): min(p-s-1, m) warm-up
     forwards, then one forward and one backward alternately, then the remaining backwards.
@@ -79,6 +101,8 @@ def stage_order(schedule: str, p: int, s: int, m: int, v: int = 1) -> list[tuple
         return order + [("B", i) for i in range(m - w, m)]
     if schedule == "interleaved":
         return interleaved_order(p, s, m, v)
+    if schedule == "zb1p":
+        return zero_bubble_order(p, s, m)
     raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
 
 
@@ -203,26 +227,46 @@ class ProgramWriter:
         if (dst := self._virtual(chunk, +1)) is not None:
             self.main.append(self._p2p("send", "act", mb, p.rank, dst[0], dst[1]))
 
-    def backward(self, mb: int, last: bool, chunk: int = 0) -> None:
+    def backward(self, mb: int, last: bool, chunk: int = 0, split: bool = False) -> None:
+        """The backward pass of a micro-batch; with `split` only its input gradients (the
+        zero-bubble schedule's "I": the weight gradients follow in weight())."""
         p, c = self.p, self.c
         per_chunk = c.layers // c.chunks
         if (src := self._virtual(chunk, +1)) is not None:
             self.main.append(self._p2p("recv", "grad", mb, src[0], p.rank, chunk))
-        closing = {b[0]: i for i, b in enumerate(c.buckets)}
-        first = (c.chunks - 1 - chunk) * per_chunk   # backward order over the stage: later chunks first
-        for j, layer in enumerate(range(first, first + per_chunk)):
+        half = c.bwd_half_s * (1 - WEIGHT_SHARE) if split else c.bwd_half_s
+        for j, layer in enumerate(self._backward_layers(chunk)):
             if c.zero >= 3:
                 self._gather(("B", mb, chunk), j, per_chunk)
             if c.recompute_s > 0:
                 self.main.append(Instr("compute", "recompute_fwd", c.recompute_s))
-            self._half("bwd_mlp", c.bwd_half_s)
-            self._half("bwd_attn", c.bwd_half_s)
-            if c.zero >= 3:
-                self._scatter()
-            if last and c.overlap_dp and layer in closing:
-                self.main.append(Instr("launch", key=self._key("bucket", closing[layer])))
+            self._half("bwd_mlp", half)
+            self._half("bwd_attn", half)
+            if not split:
+                self._gradients_ready(layer, last)
         if (dst := self._virtual(chunk, -1)) is not None:
             self.main.append(self._p2p("send", "grad", mb, p.rank, dst[0], dst[1]))
+
+    def weight(self, mb: int, last: bool, chunk: int = 0) -> None:
+        """The zero-bubble schedule's weight-gradient pass ("W"): no communication of its own;
+        the layer's gradients are ready after it (DP bucket, ZeRO-3 reduce-scatter)."""
+        for layer in self._backward_layers(chunk):
+            self.main.append(Instr("compute", "bwd_weight", 2 * self.c.bwd_half_s * WEIGHT_SHARE))
+            self._gradients_ready(layer, last)
+
+    def _backward_layers(self, chunk: int) -> range:
+        """This chunk's layers in the stage's backward order (later chunks first)."""
+        per_chunk = self.c.layers // self.c.chunks
+        first = (self.c.chunks - 1 - chunk) * per_chunk
+        return range(first, first + per_chunk)
+
+    def _gradients_ready(self, layer: int, last: bool) -> None:
+        c = self.c
+        if c.zero >= 3:
+            self._scatter()
+        closing = {b[0]: i for i, b in enumerate(c.buckets)}
+        if last and c.overlap_dp and layer in closing:
+            self.main.append(Instr("launch", key=self._key("bucket", closing[layer])))
 
     def grad_sync_and_optimizer(self) -> None:
         """The DP gradient buckets (all-reduced; reduce-scattered under ZeRO-1/2), or under ZeRO-3
@@ -262,8 +306,10 @@ def step_program(schedule: str, m: int, place: Place, costs: StageCosts, step: i
         ch = chunk[0] if chunk else 0
         if kind == "F":
             w.forward(mb, ch)
+        elif kind == "W":
+            w.weight(mb, last=mb == m - 1, chunk=ch)
         else:
-            w.backward(mb, last=mb == m - 1, chunk=ch)
+            w.backward(mb, last=mb == m - 1, chunk=ch, split=kind == "I")
     w.grad_sync_and_optimizer()
     return {"main": w.main, "dp": w.dp, "ag": w.ag, "rs": w.rs}
 
