@@ -200,5 +200,13 @@ def test_zero_bubble_schedule_is_simulated(tmp_path):
     assert rec.step_s_after == pytest.approx(28 * MS, rel=1e-3)
     assert rec.step_s_after == pytest.approx(step_time(w, Config(pp=2, num_micro_batches=2, micro_batch_size=2,
                                                                  schedule="zb1p"), Links(pp=1e15)), rel=1e-3)
-    assert rec.memory_after_bytes == rec.memory_before_bytes        # 1F1B's micro-batches in flight
+    # the last stage holds its deferred weight-gradient pass's micro-batch too: 2 in flight, not 1
+    from dataclasses import replace
+    from diag.advise.memory import of_diagnosis, rank_estimate
+    model, lay, _, _ = of_diagnosis(d)
+    zb = replace(lay, schedule="zb1p")
+    assert [rank_estimate(model.shape, lay, s).in_flight for s in (0, 1)] == [2, 1]
+    assert [rank_estimate(model.shape, zb, s).in_flight for s in (0, 1)] == [2, 2]
+    assert rec.memory_before_bytes == model.peak(lay).total
+    assert rec.memory_after_bytes == model.peak(zb).total > rec.memory_before_bytes
     assert "--pipeline-schedule zb1p" in rec.command

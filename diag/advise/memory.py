@@ -76,7 +76,7 @@ class MemoryConfig:
     cp: int = 1
     micro_batch_size: int = 1
     num_micro_batches: int = 1
-    schedule: str = "1f1b"              # 1f1b | gpipe | interleaved | zb1p (held as 1F1B: ZB-H1 keeps its memory)
+    schedule: str = "1f1b"              # 1f1b | gpipe | interleaved | zb1p
     virtual_stages: int = 1
     sequence_parallel: bool = False
     zero: int = 0                       # 0 replicated, 1 optimizer, 2 + gradients, 3 + weights sharded
@@ -168,6 +168,8 @@ def in_flight(lay: MemoryConfig, stage: int) -> float:
     m, p = lay.num_micro_batches, lay.pp
     if lay.schedule == "gpipe":
         return float(m)
+    if lay.schedule == "zb1p":     # 1F1B's p - s forwards, and s weight-gradient passes held back (torch's
+        return float(min(m, p))    # ZB1P defers stage s's by s), each keeping its layers' inputs
     n = float(min(m, p - stage))
     if lay.schedule == "interleaved" and lay.virtual_stages > 1:
         n *= 1.0 + (p - 1) / (p * lay.virtual_stages)
@@ -320,7 +322,7 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
     sched = f.pipeline_schedule or "1f1b"
     lay = MemoryConfig(tp=f.tp or 1, pp=f.pp or 1, dp=f.dp or 1, cp=f.cp or 1, micro_batch_size=f.micro_batch_size,
                        num_micro_batches=f.num_micro_batches,
-                       schedule="interleaved" if "interleaved" in sched else "gpipe" if sched == "gpipe" else "1f1b",
+                       schedule="interleaved" if "interleaved" in sched else sched if sched in ("gpipe", "zb1p") else "1f1b",
                        virtual_stages=f.virtual_pipeline_stages or 1, sequence_parallel=bool(f.sequence_parallel),
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
                        dtype="fp32" if f.dtype == "fp32" else "bf16")
