@@ -35,7 +35,11 @@ CASES = {
     "interleave": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 2",
     "zero_bubble": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 4 --global-batch-size 8",
     "recompute": "--nproc 1 --micro-batch-size 4 --global-batch-size 8 --recompute-granularity full",
+    "zero_down": "--nproc 2 --micro-batch-size 4 --global-batch-size 16 --data-parallel-sharding-strategy "
+                 "optim_grads_params",
 }
+# Levers that need a device capacity to fire (on CPU there is none to read): GiB passed to diag tune.
+MEMORY_GIB = {"recompute": 1.0, "zero_down": 1.0}
 
 
 def _pct(x) -> str:
@@ -49,7 +53,9 @@ def _mem(x) -> str:
 def row(rule: str, flags: str, out: str, repeats: int) -> list[str]:
     command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(SMALL), *shlex.split(flags)])
     try:
-        res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule)
+        gib = MEMORY_GIB.get(rule)
+        res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule,
+                   memory_per_gpu=gib * (1 << 30) if gib else None)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
         return [rule, "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
     if res.after is None:

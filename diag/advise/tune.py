@@ -107,11 +107,13 @@ def _train(argv: list[str], timeout: float) -> None:
         raise TuneError(f"trainer exited {p.returncode}: {tail} ({shlex.join(argv)})")
 
 
-def run(command: str, out: str, python: str = sys.executable, timeout: float = 600) -> Run:
-    """One profiled run, analysed; its unprofiled steps measured."""
+def run(command: str, out: str, python: str = sys.executable, timeout: float = 600,
+        shape: Optional[dict] = None) -> Run:
+    """One profiled run, analysed (with `shape`'s facts over the run's, e.g. memory_per_gpu_bytes);
+    its unprofiled steps measured."""
     argv = _argv(command, out, python)
     _train(argv, timeout)
-    d = diagnose(load_summaries(out))
+    d = diagnose(load_summaries(out), shape=shape)
     steps = measured_steps(out, d.run)
     if not steps:
         raise TuneError(f"{out}: no step outside the profiler window to measure: raise --train-iters")
@@ -147,21 +149,23 @@ def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
 
 
 def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
-         repeats: int = 2, rule: Optional[str] = None) -> TuneResult:
+         repeats: int = 2, rule: Optional[str] = None, memory_per_gpu: Optional[float] = None) -> TuneResult:
     """Run `command` (a trainer command line), apply its top runnable recommendation (or the one of
-    `rule`), re-run, compare.
+    `rule`), re-run, compare. memory_per_gpu (bytes): the device capacity the recommender checks
+    changes against (on CPU there is none to read).
 
     repeats > 1: both configurations are run again, alternately and without the profiler, so
     that a change in the machine's load between runs does not pass for the recommendation's effect.
     """
-    before = run(command, os.path.join(out_dir, "before"), python, timeout)
+    shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
+    before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
     recs = [r for r in advise(before.diagnosis).recommendations if r.command and r.runnable
             and (rule is None or r.rule == rule)]
     if not recs:
         return TuneResult(before, None, None, message="no runnable recommendation" +
                           (f" of rule {rule}" if rule else "") + ": nothing to apply")
     rec = recs[0]
-    after = run(rec.command, os.path.join(out_dir, "after"), python, timeout)
+    after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
     tb = measured_steps(before.out, before.diagnosis.run)
     ta = measured_steps(after.out, after.diagnosis.run)
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)

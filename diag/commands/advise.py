@@ -69,8 +69,10 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
               help="Runs of each configuration, alternating (the extra ones unprofiled).")
 @click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
 @click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
+@click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Device memory in GiB the recommendations must fit (on CPU runs there is none to read).")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def tune(out_dir: str, repeats: int, timeout: float, rule, trainer_args) -> None:
+def tune(out_dir: str, repeats: int, timeout: float, rule, memory_per_gpu, trainer_args) -> None:
     """Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.
 
     Example: diag tune --out runs/tune -- --nproc 2 --pipeline-model-parallel-size 2
@@ -87,7 +89,8 @@ def tune(out_dir: str, repeats: int, timeout: float, rule, trainer_args) -> None
         _fail("tune: set the output directory with diag tune --out, not in the trainer's flags")
     command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
     try:
-        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule)
+        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule,
+                       memory_per_gpu=memory_per_gpu * (1 << 30) if memory_per_gpu else None)
     except TuneError as e:
         _fail(str(e), 1)
     click.echo(render_tune(res), nl=False)
