@@ -13,7 +13,7 @@ from ..trace.errors import TraceError
 from ..trace.flightrec import FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
-from .hang import cause_ranks, group_members, hang_groups, name_axes
+from .hang import NO_DESC, cause_ranks, group_members, hang_groups, name_axes, world_size
 from .results import Diagnosis, Problem
 
 
@@ -36,20 +36,25 @@ def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Prob
 
 
 def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
-    groups = group_members(dumps)
+    world, known = world_size(dumps)
+    groups = group_members(dumps, world)
     grid = name_axes(dumps, groups)
     times = [e.created_ns for d in dumps for e in d.entries]
-    fr = FlightRecord(files=[d.path for d in dumps], ranks=sorted(d.rank for d in dumps),
+    ranks = sorted(d.rank for d in dumps)
+    fr = FlightRecord(files=[d.path for d in dumps], ranks=ranks,
                       entries=len(times), first_ns=min(times, default=None), last_ns=max(times, default=None),
-                      layout=grid.describe())
-    fr.groups = hang_groups(dumps, groups, grid)
+                      layout=grid.describe(), world_size=world, world_known=known,
+                      undumped=[r for r in range(world or 0) if r not in set(ranks)])
+    fr.groups = hang_groups(dumps, groups, grid, fr.undumped)
     fr.cause = cause_ranks(fr.groups)
     found = instances(dumps, groups)
-    axis_of = {g.pg: g.axis if g.axis != "unknown" else g.desc or "unknown" for g in fr.groups}
+    axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
     fr.late, fr.late_basis, fr.late_unknown, fr.late_window_s = late_ranks(found)
     if any(e.p2p for d in dumps for e in d.entries):
         fr.notes.append("point-to-point entries (send/recv) are not matched: their sequence numbers are per pair")
+    backends = {e.op.split(":")[0] for d in dumps for e in d.entries if ":" in e.op}
+    fr.backend = next(iter(backends)) if len(backends) == 1 and backends <= {"nccl", "gloo", "xccl", "ucc", "mpi"} else None
     if not any(g.ranks for g in fr.groups):
         fr.notes.append("the dumps record no collective")
     return fr
@@ -66,7 +71,6 @@ def dumps_only(path: str, fr: Optional[FlightRecord], problems: list[Problem]) -
     readable, the first problem is the error (one line naming the file)."""
     if fr is None:
         raise TraceError(problems[0].file, problems[0].problem)
-    world = max((max(g.ranks) + 1 for g in fr.groups if g.ranks), default=None)
-    return Diagnosis(source=os.path.abspath(path), world_size=world, backend=None, ranks=[], layout=fr.layout,
+    return Diagnosis(source=os.path.abspath(path), world_size=fr.world_size, backend=fr.backend, ranks=[], layout=fr.layout,
                      problems=problems, flight_recorder=fr,
                      notes=["no profiler trace here: the report is the Flight Recorder dumps' alone"])
