@@ -277,3 +277,27 @@ def test_thousands_of_entries_per_rank_are_seconds_and_find_the_late_rank():
     assert abs(fr.late[0].since_ns - mid) <= fr.late_window_s * 1e9
     dp = next(t for t in fr.timings if t.axis == "dp")
     assert dp.instances == 2 * 10_000 and dp.transfer_median_s == pytest.approx(1e-3)
+
+
+def test_torch_typed_lists_in_a_pickle_are_plain_lists_and_torch_is_not_imported(tmp_path):
+    """torch's C++ pickler writes a c10::List<int64_t> as GLOBAL torch.jit._pickle build_intlist over
+    a list: read as that list by diag's own builder; any other global is still refused."""
+    import subprocess
+    import sys
+    import struct
+    raw = _job()[0]
+    raw["entries"][0]["input_sizes"] = [[987654321]]
+    body = pickle.dumps(raw, protocol=2)
+    marker = b"J" + struct.pack("<i", 987654321)                 # BININT
+    i = body.index(marker)
+    assert body[i - 3:i - 1] == b"]q" and body[i + 5:i + 6] == b"a"   # EMPTY_LIST BINPUT n ... APPEND
+    typed = b"ctorch.jit._pickle\nbuild_intlist\n]" + marker + b"a\x85R"  # GLOBAL, the list, TUPLE1, REDUCE
+    (tmp_path / "rank_0").write_bytes(body[:i - 3] + typed + body[i + 6:])
+    code = ("import sys; from diag.trace.flightrec import read_dump; d = read_dump(sys.argv[1]); "
+            "assert d.entries[0].in_nelems == 987654321, d.entries[0]; assert 'torch' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "rank_0")], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    (tmp_path / "rank_1").write_bytes(body[:i - 3] + typed.replace(b"build_intlist", b"_rebuild_x") + body[i + 6:])
+    from diag.trace.errors import TraceError
+    with pytest.raises(TraceError, match="torch.jit._pickle._rebuild_x; only plain containers"):
+        read_dump(str(tmp_path / "rank_1"))

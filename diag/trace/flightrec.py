@@ -7,7 +7,8 @@ or by `torch._C._distributed_c10d._dump_fr_trace_json()`). A dump is JSON (ours,
 `<prefix><rank>` files). Both hold plain containers only: `version`, `pg_config` (name -> desc and
 ranks), `pg_status` (per local pg id: last enqueued / completed sequence number) and `entries`, one
 per collective. A pickle is read by an unpickler that refuses every class and callable, so
-nothing in the file is ever executed (the standard unpickler is never used).
+nothing in the file is ever executed (the standard unpickler is never used); torch's typed-list
+markers (torch.jit._pickle.build_intlist ...) become plain lists through diag's own function.
 
 The rank is not in the dump: it is the number at the end of the file name (as PyTorch's fr_trace
 reads it). Every malformed field is a TraceError naming the file, the entry and the field.
@@ -63,10 +64,24 @@ class FRDump:
     entries: list[FREntry] = field(default_factory=list)
 
 
+def _plain_list(items):
+    if not isinstance(items, list):
+        raise pickle.UnpicklingError("a typed list that is not a list")
+    return list(items)
+
+
+# torch's C++ pickler writes a typed list (c10::List<int64_t>, ...) as GLOBAL torch.jit._pickle
+# build_intlist applied to a plain list: diag's own list builder stands in, torch is never imported.
+_TORCH_LISTS = {("torch.jit._pickle", f"build_{t}list") for t in ("int", "double", "bool", "string")}
+
+
 class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, strings and numbers; any class or callable is refused."""
+    """Builds dicts, lists, tuples, strings and numbers; any class or callable is refused (but
+    torch's typed-list markers, which become plain lists here)."""
 
     def find_class(self, module, name):
+        if (module, name) in _TORCH_LISTS:
+            return _plain_list
         raise pickle.UnpicklingError(f"it names {module}.{name}; only plain containers are accepted")
 
     def persistent_load(self, pid):
