@@ -301,3 +301,14 @@ def test_torch_typed_lists_in_a_pickle_are_plain_lists_and_torch_is_not_imported
     from diag.trace.errors import TraceError
     with pytest.raises(TraceError, match="torch.jit._pickle._rebuild_x; only plain containers"):
         read_dump(str(tmp_path / "rank_1"))
+
+
+def test_a_missing_rank_elsewhere_leaves_the_cause_named(tmp_path):
+    """Rank 0's dump absent: rank 3 (dumped, waiting in nothing, its peers waiting for it) is still
+    the cause; rank 0's own groups say their state is unknown."""
+    raw = _job()
+    del raw[0]
+    fr, problems, v = _verdicts(_write(tmp_path / "comm_traces", raw))
+    assert not problems and fr.undumped == [0] and fr.cause == [3]
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits")
+    assert _v(fr, [0, 2]).endswith("no dump of rank 0: its state is unknown")

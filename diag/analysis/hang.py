@@ -162,8 +162,11 @@ def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDum
         g.verdict += f"; no dump of {_ranks(g.undumped)}: its state is unknown"
         # the dumped members may wait for an undumped one in their last entry here (not known done)
         done = set(_tracked(dumps, dumped))
+        # (only where it is the rank's latest entry: one that went on to other collectives is not held here)
+        latest = {r: max((e.created_ns for e in dumps[r].entries), default=0) for r in dumped}
         g.maybe_waiting = [FRWaiter(r, by_rank[r][last[r]].created_ns) for r in dumped
-                           if last[r] and not (r in done and by_rank[r][last[r]].state == "completed")]
+                           if last[r] and not (r in done and by_rank[r][last[r]].state == "completed")
+                           and by_rank[r][last[r]].created_ns >= latest[r]]
     return g
 
 
