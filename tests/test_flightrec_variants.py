@@ -312,3 +312,20 @@ def test_a_missing_rank_elsewhere_leaves_the_cause_named(tmp_path):
     assert not problems and fr.undumped == [0] and fr.cause == [3]
     assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits")
     assert _v(fr, [0, 2]).endswith("no dump of rank 0: its state is unknown")
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"input_sizes": [[MIB]], "output_sizes": [[MIB]]}, "rank 3 entered #8 as all_reduce (2 MiB), rank 1 as all_reduce (1 MiB)"),
+    ({"profiling_name": "nccl:all_gather"}, "rank 3 entered #8 as all_gather (1 MiB), rank 1 as all_reduce (1 MiB)"),
+])
+def test_a_collective_entered_with_other_sizes_or_ops_is_named(tmp_path, change, words):
+    """As fr_trace's size / op mismatch: every member of DP [1, 3] entered #8, rank 3 with another
+    size or op (and so it never completes)."""
+    raw = _job(skip=False)
+    for r in (1, 3):
+        for e in raw[r]["entries"]:
+            if e["process_group"][0] == "4" and e["collective_seq_id"] == 8:
+                e.update(state="started", time_discovered_completed_ns=None, **(change if r == 3 else {}))
+    fr, _, v = _verdicts(_write(tmp_path / "comm_traces", raw))
+    (g,) = fr.hangs
+    assert g.mismatch_seq == 8 and v == [f"dp group [1, 3]: collective #8 entered with different ops or sizes: {words}"]
