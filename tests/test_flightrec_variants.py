@@ -329,3 +329,17 @@ def test_a_collective_entered_with_other_sizes_or_ops_is_named(tmp_path, change,
     fr, _, v = _verdicts(_write(tmp_path / "comm_traces", raw))
     (g,) = fr.hangs
     assert g.mismatch_seq == 8 and v == [f"dp group [1, 3]: collective #8 entered with different ops or sizes: {words}"]
+
+
+def test_two_dumps_of_a_rank_read_the_latest_with_a_note(tmp_path):
+    """On NCCL the trainer's rank-<r>.json and the watchdog's pickle land in one folder: per rank the
+    dump with the latest entry is read, the other set aside with a note, not a problem."""
+    raw = _job()
+    folder = _write(tmp_path / "flightrec", raw, "json")
+    early = dict(raw[1], entries=raw[1]["entries"][:4])          # the same rank, dumped earlier
+    (folder / "nccl_trace_rank_1").write_bytes(pickle.dumps(early))
+    fr, problems, v = _verdicts(tmp_path)
+    assert not problems and fr.cause == [3] and fr.ranks == [0, 1, 2, 3]
+    assert f"rank 1 has 2 dumps: read {folder / 'rank_1.json'}, the latest; set aside {folder / 'nccl_trace_rank_1'}" \
+        in fr.notes
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits")

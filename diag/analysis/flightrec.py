@@ -17,7 +17,10 @@ from .hang import NO_DESC, cause_ranks, group_members, hang_groups, name_axes, w
 from .results import Diagnosis, Problem
 
 
-def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Problem]]:
+def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Problem], list[str]]:
+    """(one dump per rank, the files that could not be read, notes). A rank with two dumps (ours and
+    NCCL's watchdog pickle of the same moment, or an older run's): the one whose latest entry is
+    latest is read, the other set aside with a note."""
     dumps, problems = [], []
     for f in dump_files(path):
         try:
@@ -26,13 +29,23 @@ def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Prob
             if strict:
                 raise
             problems.append(Problem(e.path, e.problem))
-    seen: dict[int, str] = {}
-    for d in list(dumps):
-        if d.rank in seen:          # two dumps of one rank (two runs, or two dumps of one run)
-            problems.append(Problem(d.path, f"a second dump of rank {d.rank} (first: {seen[d.rank]}): set aside"))
-            dumps.remove(d)
-        seen.setdefault(d.rank, d.path)
-    return dumps, problems
+    best: dict[int, FRDump] = {}
+    aside: dict[int, list[str]] = {}
+    for d in dumps:
+        o = best.get(d.rank)
+        if o is not None and _newest(o) >= _newest(d):
+            aside.setdefault(d.rank, []).append(d.path)
+            continue
+        if o is not None:
+            aside.setdefault(d.rank, []).append(o.path)
+        best[d.rank] = d
+    notes = [f"rank {r} has {len(aside[r]) + 1} dumps: read {best[r].path}, the latest; set aside "
+             f"{', '.join(aside[r])}" for r in sorted(aside)]
+    return [best[r] for r in sorted(best)], problems, notes
+
+
+def _newest(d: FRDump) -> tuple:
+    return max((e.created_ns for e in d.entries), default=0), len(d.entries)
 
 
 def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
@@ -62,8 +75,11 @@ def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
 
 def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:
     """(the analysis, or None when `path` holds no dump; the dumps that could not be read)."""
-    dumps, problems = read_dumps(path, strict)
-    return (analyse_dumps(dumps) if dumps else None), problems
+    dumps, problems, notes = read_dumps(path, strict)
+    fr = analyse_dumps(dumps) if dumps else None
+    if fr is not None:
+        fr.notes += notes
+    return fr, problems
 
 
 def dumps_only(path: str, fr: Optional[FlightRecord], problems: list[Problem]) -> Diagnosis:
