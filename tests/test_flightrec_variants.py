@@ -343,3 +343,21 @@ def test_two_dumps_of_a_rank_read_the_latest_with_a_note(tmp_path):
     assert f"rank 1 has 2 dumps: read {folder / 'rank_1.json'}, the latest; set aside {folder / 'nccl_trace_rank_1'}" \
         in fr.notes
     assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits")
+
+
+def test_the_run_record_gives_the_world_a_gloo_dump_set_cannot(tmp_path):
+    """gloo dumps name no members: with the highest rank's dump missing only the trainer's
+    diag_run.json (world_size 4) tells that rank 3 is missing."""
+    raw = _job()
+    del raw[3]
+    for d in raw.values():
+        d.pop("pg_config")
+    _write(tmp_path / "flightrec", raw, "json")
+    fr, _ = flight_record(str(tmp_path))
+    assert fr.world_size == 3 and not fr.world_known and fr.undumped == []
+    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4}))
+    for where in (tmp_path, tmp_path / "flightrec"):
+        fr, _ = flight_record(str(where))
+        assert fr.world_size == 4 and fr.world_known and fr.undumped == [3], where
+        assert "missing dumps: no dump of rank 3 (world size 4): its state is unknown; the groups are judged without it" \
+            in fr_lines(fr)

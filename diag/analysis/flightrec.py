@@ -10,7 +10,7 @@ import os
 from typing import Optional
 
 from ..trace.errors import TraceError
-from ..trace.flightrec import FRDump, dump_files, read_dump
+from ..trace.flightrec import DUMP_FOLDERS, FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
 from .hang import NO_DESC, cause_ranks, group_members, hang_groups, name_axes, world_size
@@ -48,8 +48,11 @@ def _newest(d: FRDump) -> tuple:
     return max((e.created_ns for e in d.entries), default=0), len(d.entries)
 
 
-def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
+def analyse_dumps(dumps: list[FRDump], world_hint: Optional[int] = None) -> FlightRecord:
+    """`world_hint`: the run's world size from elsewhere (diag_run.json), where the dumps cannot give it."""
     world, known = world_size(dumps)
+    if world_hint and not known and world_hint >= (world or 0):
+        world, known = world_hint, True
     groups = group_members(dumps, world)
     grid = name_axes(dumps, groups)
     times = [e.created_ns for d in dumps for e in d.entries]
@@ -76,10 +79,29 @@ def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
 def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:
     """(the analysis, or None when `path` holds no dump; the dumps that could not be read)."""
     dumps, problems, notes = read_dumps(path, strict)
-    fr = analyse_dumps(dumps) if dumps else None
+    fr = analyse_dumps(dumps, _run_world(path)) if dumps else None
     if fr is not None:
         fr.notes += notes
     return fr, problems
+
+
+def _run_world(path: str) -> Optional[int]:
+    """The world size in the run's diag_run.json beside the dumps (or above OUT/flightrec); None
+    where there is none or it does not read (the trace reader reports a bad one)."""
+    from ..runmeta import RunMetaError, decode
+    from ..trace.job import RUN_METADATA
+
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    for d in (folder, os.path.dirname(folder)) if os.path.basename(folder) in DUMP_FOLDERS else (folder,):
+        p = os.path.join(d, RUN_METADATA)
+        try:
+            if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) < (1 << 20):
+                with open(p, "rb") as f:
+                    w = decode(f.read()).world_size
+                return int(w) if isinstance(w, int) and w > 0 else None
+        except (OSError, RunMetaError, ValueError, TypeError):
+            return None
+    return None
 
 
 def dumps_only(path: str, fr: Optional[FlightRecord], problems: list[Problem]) -> Diagnosis:
