@@ -361,3 +361,19 @@ def test_the_run_record_gives_the_world_a_gloo_dump_set_cannot(tmp_path):
         assert fr.world_size == 4 and fr.world_known and fr.undumped == [3], where
         assert "missing dumps: no dump of rank 3 (world size 4): its state is unknown; the groups are judged without it" \
             in fr_lines(fr)
+
+
+def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
+    """gloo (no pg_config), rank 3 killed before it dumped: rank 2, stuck in TP with it, is not the
+    cause; it may wait there, with rank 3 that left no dump."""
+    raw = _job()
+    del raw[3]
+    for d in raw.values():
+        d.pop("pg_config")
+    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4}))
+    _write(tmp_path / "flightrec", raw, "json")
+    fr, problems = flight_record(str(tmp_path))
+    assert not problems and fr.undumped == [3] and fr.cause == []
+    assert "hang: the others wait" not in " ".join(fr_lines(fr))
+    assert _v(fr, [0, 2]).startswith("dp group [0, 2]: rank 2 never entered all_reduce #6 (1 MiB); rank 0 waits")
+    assert "rank 2 itself may wait in tp group [2] all_reduce #6, with rank 3 that left no dump" in _v(fr, [0, 2])

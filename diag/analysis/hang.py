@@ -117,8 +117,10 @@ def _mismatch(by_rank: dict[int, dict[int, FREntry]], members: list[int], n: int
     return None, None
 
 
-def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDump], grid: JobLayout) -> FRGroup:
-    """Where one group stands, and its verdict line."""
+def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDump], grid: JobLayout,
+                maybe_members: tuple = ()) -> FRGroup:
+    """Where one group stands, and its verdict line. `maybe_members`: ranks without a dump that may
+    be members (a group whose members were taken from the dumps)."""
     # the default group is the world, whatever axis has the same members (dp 2 on 2 ranks)
     axis = WORLD if desc == DEFAULT_PG else axis_name(grid.axis_of(group_key(members)))
     dumped = [r for r in members if r in dumps]
@@ -142,7 +144,8 @@ def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDum
                      f"since {_clock(since)} UTC")
     elif g.mismatch:
         g.verdict = f"{label}: collective #{g.mismatch_seq} entered with different ops or sizes: {g.mismatch}"
-    elif dumped and not g.undumped and (open_ := _not_completed(by_rank, dumps, dumped, g.last_common_seq)):
+    elif dumped and not g.undumped and not maybe_members \
+            and (open_ := _not_completed(by_rank, dumps, dumped, g.last_common_seq)):
         # every member entered the last one, and it never completed: stuck inside (NCCL, network, GPU)
         g.not_completed = open_
         e = by_rank[open_[0]][g.last_common_seq]
@@ -160,6 +163,7 @@ def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDum
         g.verdict += f"; earlier, #{g.mismatch_seq} was entered with different ops or sizes: {g.mismatch}"
     if g.undumped:
         g.verdict += f"; no dump of {_ranks(g.undumped)}: its state is unknown"
+    if g.undumped or maybe_members:
         # the dumped members may wait for an undumped one in their last entry here (not known done)
         done = set(_tracked(dumps, dumped))
         # (only where it is the rank's latest entry: one that went on to other collectives is not held here)
@@ -206,7 +210,7 @@ def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout, absent: list
     for name, (desc, ranks) in groups.items():
         if not ranks:
             continue
-        g = group_state(name, desc, ranks, by, grid)
+        g = group_state(name, desc, ranks, by, grid, tuple(absent) if name in guessed else ())
         if name in guessed:
             g.verdict += (f"; members as the dumps name it (no pg_config): {_ranks(list(absent))} "
                           f"{'has' if len(absent) == 1 else 'have'} no dump and may be one")
@@ -228,7 +232,7 @@ def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout, absent: list
                 o = maybe[r]
                 e = max((e for e in by[r].entries if e.pg == o.pg and not e.p2p), key=lambda e: e.seq)
                 g.verdict += (f"; rank {r} itself may wait in {group_label(o.axis, o.desc, o.pg, o.ranks)} "
-                              f"{op_word(e)} #{e.seq}, with {_ranks(o.undumped)} that left no dump")
+                              f"{op_word(e)} #{e.seq}, with {_ranks(o.undumped or list(absent))} that left no dump")
     return sorted(out, key=lambda g: (not g.missing, bool(g.blocked), g.mismatch is None, not g.not_completed,
                                       len(g.ranks)))
 
