@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from functools import lru_cache
 from typing import Optional
 
 from ..layout import axis_name
@@ -82,12 +83,22 @@ def name_axes(dumps: list[FRDump], groups: dict) -> JobLayout:
 
 
 def entry_bytes(e: FREntry, n: int) -> Optional[int]:
-    return message_bytes(e.coll, e.in_nelems, e.out_nelems, e.dtype_bytes, n)
+    return _bytes(e.coll, e.in_nelems, e.out_nelems, e.dtype_bytes, n)
+
+
+@lru_cache(maxsize=4096)          # a buffer repeats a few sizes thousands of times
+def _bytes(coll, in_nelems, out_nelems, dtype, n) -> Optional[int]:
+    return message_bytes(coll, in_nelems, out_nelems, dtype, n)
 
 
 def op_word(e: FREntry) -> str:
     """diag's name of the op (trace.kinds.op_name); one it does not know, as the dump spells it."""
-    return op_name(e.coll) if e.coll != Coll.UNKNOWN else (e.op.split(":")[-1].split(" ")[0] or e.op)
+    return _op_word(e.coll, e.op)
+
+
+@lru_cache(maxsize=1024)
+def _op_word(coll: Coll, op: str) -> str:
+    return op_name(coll) if coll != Coll.UNKNOWN else (op.split(":")[-1].split(" ")[0] or op)
 
 
 def _clock(ns: int) -> str:
@@ -103,10 +114,16 @@ def size_words(b: Optional[float]) -> str:
     return f"{b:.0f} B"
 
 
+def _raw(e: FREntry) -> tuple:
+    return e.coll, e.op if e.coll == Coll.UNKNOWN else "", e.in_nelems, e.out_nelems, e.dtype_bytes
+
+
 def _mismatch(by_rank: dict[int, dict[int, FREntry]], members: list[int], n: int) -> tuple[Optional[int], Optional[str]]:
     """The first collective every member entered with a different op or size, in words."""
     common = set.intersection(*(set(by_rank[r]) for r in members)) if members else set()
     for seq in sorted(common):
+        if len({_raw(by_rank[r][seq]) for r in members}) == 1:      # as recorded alike: no need for words
+            continue
         seen = {r: (op_word(by_rank[r][seq]), entry_bytes(by_rank[r][seq], n)) for r in members}
         if len(set(seen.values())) > 1:
             first = seen[members[0]]
