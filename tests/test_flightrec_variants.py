@@ -175,6 +175,8 @@ def test_point_to_point_entries_are_kept_apart(tmp_path):
     fr, problems, v = _verdicts(_write(tmp_path / "comm_traces", raw))
     assert not problems and _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
     assert any("point-to-point" in n for n in fr.notes)
+    # where the cause went silent: its latest entry, a recv here (never matched, but shown)
+    assert fr.cause == [3] and fr.cause_last[0].startswith("point-to-point recv #1 of dp group [1, 3], entered ")
     assert read_dump(str(tmp_path / "comm_traces" / "nccl_trace_rank_0")).entries[-1].p2p
 
 

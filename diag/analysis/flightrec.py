@@ -7,13 +7,14 @@ late ranks over the whole buffer (analysis.frtimings).
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from ..trace.errors import TraceError
 from ..trace.flightrec import DUMP_FOLDERS, FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
-from .hang import NO_DESC, cause_ranks, group_members, hang_groups, name_axes, world_size
+from .hang import NO_DESC, cause_ranks, group_label, group_members, hang_groups, name_axes, op_word, world_size
 from .results import Diagnosis, Problem
 
 
@@ -63,6 +64,7 @@ def analyse_dumps(dumps: list[FRDump], world_hint: Optional[int] = None) -> Flig
                       undumped=[r for r in range(world or 0) if r not in set(ranks)])
     fr.groups = hang_groups(dumps, groups, grid, fr.undumped)
     fr.cause = cause_ranks(fr.groups)
+    fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) for r in fr.cause]
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
@@ -74,6 +76,17 @@ def analyse_dumps(dumps: list[FRDump], world_hint: Optional[int] = None) -> Flig
     if not any(g.ranks for g in fr.groups):
         fr.notes.append("the dumps record no collective")
     return fr
+
+
+def _latest_words(d: FRDump, groups) -> str:
+    """A rank's latest entry in words: where it went silent (a send/recv shows here, never matched)."""
+    if not d.entries:
+        return "no entry"
+    e = max(d.entries, key=lambda e: e.created_ns)
+    g = next((g for g in groups if g.pg == e.pg), None)
+    where = group_label(g.axis, g.desc, g.pg, g.ranks) if g else f"pg {e.pg}"
+    return (f"{'point-to-point ' if e.p2p else ''}{op_word(e)} #{e.seq} of {where}, entered "
+            f"{time.strftime('%H:%M:%S', time.gmtime(e.created_ns / 1e9))} UTC")
 
 
 def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:

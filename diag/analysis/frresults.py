@@ -84,6 +84,7 @@ class FlightRecord:
     backend: Optional[str] = None     # nccl / gloo, from the entries' profiling names
     groups: list[FRGroup] = field(default_factory=list)   # the cause first, then the groups stuck behind it
     cause: list[int] = field(default_factory=list)        # ranks others wait for that wait for nobody
+    cause_last: list[str] = field(default_factory=list)   # each cause rank's latest entry, in words
     timings: list[FROpTiming] = field(default_factory=list)
     late: list[FRLate] = field(default_factory=list)
     late_basis: str = ""              # how lateness was measured

@@ -30,7 +30,8 @@ def hang_lines(fr) -> list[str]:
     if not stuck:
         return ["no hang: in every group, every dumped member entered the same last collective"]
     head = ([f"hang: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
-             f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"]
+             f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"
+             + (f" (latest entry: {fr.cause_last[0]})" if len(fr.cause) == 1 and fr.cause_last else "")]
             if fr.cause else [])
     return head + [f"hang: {g.verdict}" for g in stuck]
 

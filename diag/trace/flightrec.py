@@ -134,18 +134,18 @@ def read_dump(path: str) -> FRDump:
 
 
 def fold_coalesced(entries: list[FREntry]) -> list[FREntry]:
-    """One entry per (group, sequence number): a coalesced collective is recorded as its parts and a
-    closing `coalesced` entry, all with one collective_seq_id (fr_trace treats them as one). The
+    """One entry per coalesced collective: it is recorded as its parts and a closing `coalesced` entry,
+    one after another in their group, all with one collective_seq_id (fr_trace treats them as one). The
     fold: the parts' op when they agree (else 'coalesced'), their elements summed, the closing
     entry's state, completion and duration, the first part's entry time."""
-    at: dict = {}
+    last: dict = {}              # pg -> index of its latest group: parts follow one another in their pg
     out: list = []
     for e in entries:
-        key = (e.pg, e.p2p, e.seq)
-        if key in at:
-            out[at[key]].append(e)
+        i = last.get(e.pg)
+        if i is not None and (out[i][0].p2p, out[i][0].seq) == (e.p2p, e.seq):
+            out[i].append(e)
         else:
-            at[key] = len(out)
+            last[e.pg] = len(out)
             out.append([e])
     return [g[0] if len(g) == 1 else _fold(g) for g in out]
 
