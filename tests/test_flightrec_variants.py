@@ -379,3 +379,19 @@ def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
     assert "hang: the others wait" not in " ".join(fr_lines(fr))
     assert _v(fr, [0, 2]).startswith("dp group [0, 2]: rank 2 never entered all_reduce #6 (1 MiB); rank 0 waits")
     assert "rank 2 itself may wait in tp group [2] all_reduce #6, with rank 3 that left no dump" in _v(fr, [0, 2])
+
+
+def test_groups_with_no_description_are_named_by_the_runs_layout(tmp_path):
+    """No description in the dumps, but the run's diag_run.json gives tp 2 × dp 2 (tp fastest): the
+    groups are named by that layout, and the report says where it came from."""
+    raw = _job()
+    for d in raw.values():
+        d.pop("pg_config")
+        for e in d["entries"]:
+            e["process_group"] = [e["process_group"][0], "undefined"]
+    _write(tmp_path / "flightrec", raw, "json")
+    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4, "tp": 2, "dp": 2}))
+    fr, _ = flight_record(str(tmp_path))
+    assert fr.layout == "dp2 × tp2, from diag_run.json"
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
+    assert _v(fr, [2, 3]).startswith("tp group [2, 3]: rank 3 never entered all_reduce #6 (1 MiB)")

@@ -49,13 +49,16 @@ def _newest(d: FRDump) -> tuple:
     return max((e.created_ns for e in d.entries), default=0), len(d.entries)
 
 
-def analyse_dumps(dumps: list[FRDump], world_hint: Optional[int] = None) -> FlightRecord:
-    """`world_hint`: the run's world size from elsewhere (diag_run.json), where the dumps cannot give it."""
+def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRecord:
+    """`meta`: the run's facts (diag_run.json, runmeta.given): its world size where the dumps cannot
+    give it, and its axis sizes to name groups the dumps' descriptions do not."""
+    meta = meta or {}
     world, known = world_size(dumps)
-    if world_hint and not known and world_hint >= (world or 0):
-        world, known = world_hint, True
+    hint = meta.get("world_size")
+    if isinstance(hint, int) and hint > 0 and not known and hint >= (world or 0):
+        world, known = hint, True
     groups = group_members(dumps, world)
-    grid = name_axes(dumps, groups)
+    grid = name_axes(dumps, groups, meta)
     times = [e.created_ns for d in dumps for e in d.entries]
     ranks = sorted(d.rank for d in dumps)
     fr = FlightRecord(files=[d.path for d in dumps], ranks=ranks,
@@ -92,16 +95,16 @@ def _latest_words(d: FRDump, groups) -> str:
 def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:
     """(the analysis, or None when `path` holds no dump; the dumps that could not be read)."""
     dumps, problems, notes = read_dumps(path, strict)
-    fr = analyse_dumps(dumps, _run_world(path)) if dumps else None
+    fr = analyse_dumps(dumps, _run_facts(path)) if dumps else None
     if fr is not None:
         fr.notes += notes
     return fr, problems
 
 
-def _run_world(path: str) -> Optional[int]:
-    """The world size in the run's diag_run.json beside the dumps (or above OUT/flightrec); None
-    where there is none or it does not read (the trace reader reports a bad one)."""
-    from ..runmeta import RunMetaError, decode
+def _run_facts(path: str) -> Optional[dict]:
+    """The facts of the run's diag_run.json beside the dumps (or above OUT/flightrec): its world size
+    and axis sizes; None where there is none or it does not read (the trace reader reports a bad one)."""
+    from ..runmeta import RunMetaError, decode, given
     from ..trace.job import RUN_METADATA
 
     folder = path if os.path.isdir(path) else os.path.dirname(path)
@@ -110,8 +113,7 @@ def _run_world(path: str) -> Optional[int]:
         try:
             if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) < (1 << 20):
                 with open(p, "rb") as f:
-                    w = decode(f.read()).world_size
-                return int(w) if isinstance(w, int) and w > 0 else None
+                    return given(decode(f.read()))
         except (OSError, RunMetaError, ValueError, TypeError):
             return None
     return None

@@ -72,14 +72,15 @@ def world_size(dumps: list[FRDump]) -> tuple[Optional[int], bool]:
     return top + 1, bool(config)      # NCCL's pg_config lists every group of the rank, the default one too
 
 
-def name_axes(dumps: list[FRDump], groups: dict) -> JobLayout:
-    """The layout from the groups' descriptions (layoutfind, as for a trace's pg_config)."""
+def name_axes(dumps: list[FRDump], groups: dict, meta: Optional[dict] = None) -> JobLayout:
+    """The layout from the groups' descriptions (layoutfind, as for a trace's pg_config), else from
+    the run's axis sizes (diag_run.json)."""
     per_rank: dict[int, list] = defaultdict(list)
     for name, (desc, ranks) in groups.items():
         for r in ranks:
             per_rank[r].append([name, desc, ranks])
     world = max((max(r) + 1 for _, r in groups.values() if r), default=None)
-    return find_layout([per_rank[r] for r in sorted(per_rank)], world)
+    return find_layout([per_rank[r] for r in sorted(per_rank)], world, meta=meta)
 
 
 def entry_bytes(e: FREntry, n: int) -> Optional[int]:
