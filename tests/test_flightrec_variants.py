@@ -395,3 +395,17 @@ def test_groups_with_no_description_are_named_by_the_runs_layout(tmp_path):
     assert fr.layout == "dp2 × tp2, from diag_run.json"
     assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
     assert _v(fr, [2, 3]).startswith("tp group [2, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
+
+
+def test_html_report_opens_with_the_hang(tmp_path):
+    """`diag analyze DUMPS --format html`: the Flight Recorder section first, its lines escaped, the
+    timings table after them."""
+    from diag.analysis.flightrec import dumps_only
+    from diag.report.html import render_html
+    folder = _write(tmp_path / "comm_traces", _job())
+    fr, problems = flight_record(str(tmp_path))
+    page = render_html(dumps_only(str(tmp_path), fr, problems))
+    line = "hang: dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits in it since "
+    assert f"<p class='straggler'>{line}" in page and folder.exists()
+    assert page.index("<h2 id='flightrec'>") < page.index("<h2 id='overview'>")
+    assert "<th>busbw</th>" in page and "<td>dp:all_reduce</td>" in page
