@@ -372,10 +372,11 @@ def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
     del raw[3]
     for d in raw.values():
         d.pop("pg_config")
-    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4}))
+    # the run's sizes too (a world of 3 from the dumps does not divide by tp 2: no crash)
+    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4, "tp": 2, "dp": 2}))
     _write(tmp_path / "flightrec", raw, "json")
     fr, problems = flight_record(str(tmp_path))
-    assert not problems and fr.undumped == [3] and fr.cause == []
+    assert not problems and fr.undumped == [3] and fr.cause == [] and fr.layout.startswith("dp2 × tp2")
     assert "hang: the others wait" not in " ".join(fr_lines(fr))
     assert _v(fr, [0, 2]).startswith("dp group [0, 2]: rank 2 never entered all_reduce #6 (1 MiB); rank 0 waits")
     assert "rank 2 itself may wait in tp group [2] all_reduce #6, with rank 3 that left no dump" in _v(fr, [0, 2])

@@ -80,7 +80,14 @@ def name_axes(dumps: list[FRDump], groups: dict, meta: Optional[dict] = None) ->
         for r in ranks:
             per_rank[r].append([name, desc, ranks])
     world = max((max(r) + 1 for _, r in groups.values() if r), default=None)
-    return find_layout([per_rank[r] for r in sorted(per_rank)], world, meta=meta)
+    hint = (meta or {}).get("world_size")
+    if isinstance(hint, int) and hint >= (world or 0):
+        world = hint                       # the dumps of the last ranks may be missing
+    configs = [per_rank[r] for r in sorted(per_rank)]
+    try:
+        return find_layout(configs, world, meta=meta)
+    except ValueError:                     # sizes that do not fit the world: the dumps' names alone
+        return find_layout(configs, world)
 
 
 def entry_bytes(e: FREntry, n: int) -> Optional[int]:
