@@ -367,7 +367,7 @@ def test_the_run_record_gives_the_world_a_gloo_dump_set_cannot(tmp_path):
 
 def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
     """gloo (no pg_config), rank 3 killed before it dumped: rank 2, stuck in TP with it, is not the
-    cause; it may wait there, with rank 3 that left no dump."""
+    cause; it may wait there, with rank 3 that left no dump (a member by the run's layout)."""
     raw = _job()
     del raw[3]
     for d in raw.values():
@@ -379,7 +379,10 @@ def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
     assert not problems and fr.undumped == [3] and fr.cause == [] and fr.layout.startswith("dp2 × tp2")
     assert "hang: the others wait" not in " ".join(fr_lines(fr))
     assert _v(fr, [0, 2]).startswith("dp group [0, 2]: rank 2 never entered all_reduce #6 (1 MiB); rank 0 waits")
-    assert "rank 2 itself may wait in tp group [2] all_reduce #6, with rank 3 that left no dump" in _v(fr, [0, 2])
+    # the layout completes the TP group the gloo dumps name for rank 2 alone: rank 3 is its member
+    (tp,) = [g for g in fr.groups if g.axis == "tp" and 2 in g.ranks]
+    assert tp.ranks == [2, 3] and tp.undumped == [3]
+    assert "rank 2 itself may wait in tp group [2, 3] all_reduce #6, with rank 3 that left no dump" in _v(fr, [0, 2])
 
 
 def test_groups_with_no_description_are_named_by_the_runs_layout(tmp_path):
@@ -410,3 +413,19 @@ def test_html_report_opens_with_the_hang(tmp_path):
     assert f"<p class='straggler'>{line}" in page and folder.exists()
     assert page.index("<h2 id='flightrec'>") < page.index("<h2 id='overview'>")
     assert "<th>busbw</th>" in page and "<td>dp:all_reduce</td>" in page
+
+
+def test_a_cause_beside_a_rank_without_a_dump_says_so(tmp_path):
+    """gloo, rank 1's dump missing: rank 3 is still the cause TP waits for, and the line says that it
+    shares its DP group with rank 1, which left no dump (it may be what holds rank 3)."""
+    raw = _job()
+    del raw[1]
+    for d in raw.values():
+        d.pop("pg_config")
+    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4, "tp": 2, "dp": 2}))
+    _write(tmp_path / "flightrec", raw, "json")
+    fr, _ = flight_record(str(tmp_path))
+    assert fr.cause == [3] and fr.undumped == [1]
+    assert fr.cause_last[0].startswith("all_reduce #5 of dp group [1, 3], entered ")
+    assert fr.cause_last[0].endswith("; it shares dp group [1, 3] with rank 1, which left no dump")
+    assert fr_lines(fr)[3].startswith("hang: the others wait for rank 3, which waits in no collective (latest entry: ")

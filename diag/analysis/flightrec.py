@@ -14,7 +14,8 @@ from ..trace.errors import TraceError
 from ..trace.flightrec import DUMP_FOLDERS, FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
-from .hang import NO_DESC, cause_ranks, group_label, group_members, hang_groups, name_axes, op_word, world_size
+from .hang import (NO_DESC, WORLD, cause_ranks, complete_members, group_label, group_members, hang_groups, inferred_groups,
+                   name_axes, op_word, world_size)
 from .results import Diagnosis, Problem
 
 
@@ -65,9 +66,11 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRec
                       entries=len(times), first_ns=min(times, default=None), last_ns=max(times, default=None),
                       layout=grid.describe(), world_size=world, world_known=known,
                       undumped=[r for r in range(world or 0) if r not in set(ranks)])
-    fr.groups = hang_groups(dumps, groups, grid, fr.undumped)
+    groups, guessed = complete_members(groups, inferred_groups(dumps), grid)   # gloo: members from the layout
+    fr.groups = hang_groups(dumps, groups, grid, fr.undumped, guessed)
     fr.cause = cause_ranks(fr.groups)
-    fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) for r in fr.cause]
+    fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) + _beside_undumped(r, fr.groups)
+                     for r in fr.cause]
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
@@ -90,6 +93,14 @@ def _latest_words(d: FRDump, groups) -> str:
     where = group_label(g.axis, g.desc, g.pg, g.ranks) if g else f"pg {e.pg}"
     return (f"{'point-to-point ' if e.p2p else ''}{op_word(e)} #{e.seq} of {where}, entered "
             f"{time.strftime('%H:%M:%S', time.gmtime(e.created_ns / 1e9))} UTC")
+
+
+def _beside_undumped(rank: int, groups) -> str:
+    """A cause that shares a group (not the world) with ranks without a dump may be held by them."""
+    shared = [g for g in groups if rank in g.ranks and g.undumped and g.axis != WORLD]
+    return "".join(f"; it shares {group_label(g.axis, g.desc, g.pg, g.ranks)} with "
+                   f"{'rank' if len(g.undumped) == 1 else 'ranks'} {', '.join(map(str, g.undumped))}, "
+                   f"which left no dump" for g in shared)
 
 
 def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:

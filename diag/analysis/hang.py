@@ -16,7 +16,7 @@ from collections import defaultdict
 from functools import lru_cache
 from typing import Optional
 
-from ..layout import axis_name
+from ..layout import axis_name, axis_of_desc
 from ..trace.commtable import group_key
 from ..trace.flightrec import FRDump, FREntry
 from ..trace.kinds import Coll, op_name
@@ -60,6 +60,26 @@ def inferred_groups(dumps: list[FRDump]) -> set[str]:
     """Groups whose members no dump gives (gloo leaves pg_config empty): taken from who recorded them."""
     given = {name for d in dumps for name, (_, ranks) in d.groups.items() if ranks}
     return {e.pg for d in dumps for e in d.entries if e.desc != DEFAULT_PG} - given
+
+
+def complete_members(groups: dict, guessed: set, grid: JobLayout) -> tuple[dict, set]:
+    """Groups whose members were taken from the dumps (gloo), completed from the job's layout where
+    their description names an axis and the layout has that axis: a rank without a dump is then
+    known to be a member. (groups, the names still guessed)."""
+    lay = grid.layout
+    if lay is None:
+        return groups, guessed
+    out, left = dict(groups), set(guessed)
+    for name in guessed:
+        desc, ranks = groups.get(name, ("", []))
+        axis = axis_of_desc(desc)
+        if not ranks or not axis or axis not in lay.axes or lay.size(axis) <= 1 or max(ranks) >= lay.world_size:
+            continue
+        full = sorted(lay.group_of(ranks[0], axis))
+        if set(ranks) <= set(full):
+            out[name] = (desc, full)
+            left.discard(name)
+    return out, left
 
 
 def world_size(dumps: list[FRDump]) -> tuple[Optional[int], bool]:
@@ -224,13 +244,14 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout, absent: list[int] = ()) -> list[FRGroup]:
+def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout, absent: list[int] = (),
+                guessed: Optional[set] = None) -> list[FRGroup]:
     """Every group's state, the cause first: a group whose missing ranks wait in no collective
     themselves; then the groups stuck because a member waits elsewhere; then mismatches; then the rest.
     `absent`: ranks of the job without a dump; a group whose members were taken from the dumps
     (gloo) may have them as members too, and says so."""
     by = {d.rank: d for d in dumps}
-    guessed = inferred_groups(dumps) if absent else set()
+    guessed = (inferred_groups(dumps) if guessed is None else guessed) if absent else set()
     out = []
     for name, (desc, ranks) in groups.items():
         if not ranks:
