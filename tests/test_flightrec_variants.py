@@ -429,3 +429,18 @@ def test_a_cause_beside_a_rank_without_a_dump_says_so(tmp_path):
     assert fr.cause_last[0].startswith("all_reduce #5 of dp group [1, 3], entered ")
     assert fr.cause_last[0].endswith("; it shares dp group [1, 3] with rank 1, which left no dump")
     assert fr_lines(fr)[3].startswith("hang: the others wait for rank 3, which waits in no collective (latest entry: ")
+
+
+@pytest.mark.parametrize("cut,problem", [
+    (lambda b: b[:len(b) // 2], "pickle refused: pickle data was truncated"),
+    (lambda b: pickle.dumps([1, 2], protocol=2), "not a Flight Recorder dump: no 'entries' list at the top"),
+    (lambda b: b"\x80\x02cbuiltins\neval\n(X\x07\x00\x00\x00print(1)tR.",
+     "pickle refused: it names builtins.eval; only plain containers are accepted"),
+])
+def test_a_bad_pickle_beside_good_ones_is_one_problem(tmp_path, cut, problem):
+    folder = _write(tmp_path / "comm_traces", _job())
+    bad = folder / "nccl_trace_rank_2"
+    bad.write_bytes(cut(bad.read_bytes()))
+    fr, problems = flight_record(str(tmp_path))
+    assert [(p.file, p.problem) for p in problems] == [(str(bad), problem)]
+    assert fr.ranks == [0, 1, 3] and fr.undumped == [2]
