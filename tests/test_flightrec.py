@@ -32,6 +32,39 @@ def job(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def plain_job(tmp_path_factory):
+    """The same job with groups from dist.new_group(): no description, so no axis is known."""
+    out = tmp_path_factory.mktemp("frplain")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "workloads", "fr_gloo_job.py"), "--out", str(out),
+                    "--skip-rank", str(SKIP_RANK), "--skip-step", str(SKIP_STEP), "--plain", "--port", "29743"],
+                   check=True, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+def test_plain_torch_dumps_name_groups_by_ranks_not_a_guessed_axis(plain_job):
+    """torch's own _dump_fr_trace_json and pickled _dump_fr_trace from a job with no mesh: the groups
+    are named by their ranks and pg, 'axis unknown'; the default group is the world."""
+    for sub, name in (("", "rank-{}.json"), ("pickle", "rank_{}")):
+        folder = plain_job / sub if sub else plain_job
+        if sub:
+            for r in range(4):
+                assert read_dump(str(folder / name.format(r))).entries == read_dump(
+                    str(plain_job / f"rank-{r}.json")).entries
+        fr, problems = flight_record(str(folder))
+        assert not problems and fr.cause == [SKIP_RANK] and fr.backend == "gloo" and fr.world_size == 4
+        assert {g.axis for g in fr.groups} <= {"unknown", "world"}
+        (g,) = [g for g in fr.groups if g.ranks == [1, 3]]
+        assert g.axis == "unknown" and g.missing == [3]
+        assert g.verdict.startswith(f"group [1, 3] (pg {g.pg}, axis unknown): rank 3 never entered all_reduce "
+                                    f"#{SKIP_STEP + 1} (16 KiB); rank 1 waits in it since ")
+        assert {t.axis for t in fr.timings} <= {"unknown", "world"}
+    text = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(plain_job / "pickle")], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert "hang: the others wait for rank 3, which waits in no collective" in text.stdout, text
+    assert "Groups named by: unknown" in text.stdout and " dp " not in text.stdout
+
+
 def test_hang_names_the_rank_group_collective_and_number(job):
     fr, problems = flight_record(str(job))
     assert not problems and fr.ranks == [0, 1, 2, 3] and fr.cause == [SKIP_RANK]

@@ -7,17 +7,22 @@ late ranks over the whole buffer (analysis.frtimings).
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from ..trace.errors import TraceError
-from ..trace.flightrec import FRDump, dump_files, read_dump
+from ..trace.flightrec import DUMP_FOLDERS, FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
-from .hang import cause_ranks, group_members, hang_groups, name_axes
+from .hang import (NO_DESC, WORLD, cause_ranks, complete_members, group_label, group_members, hang_groups, inferred_groups,
+                   name_axes, op_word, world_size)
 from .results import Diagnosis, Problem
 
 
-def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Problem]]:
+def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Problem], list[str]]:
+    """(one dump per rank, the files that could not be read, notes). A rank with two dumps (ours and
+    NCCL's watchdog pickle of the same moment, or an older run's): the one whose latest entry is
+    latest is read, the other set aside with a note."""
     dumps, problems = [], []
     for f in dump_files(path):
         try:
@@ -26,39 +31,103 @@ def read_dumps(path: str, strict: bool = False) -> tuple[list[FRDump], list[Prob
             if strict:
                 raise
             problems.append(Problem(e.path, e.problem))
-    seen: dict[int, str] = {}
-    for d in list(dumps):
-        if d.rank in seen:          # two dumps of one rank (two runs, or two dumps of one run)
-            problems.append(Problem(d.path, f"a second dump of rank {d.rank} (first: {seen[d.rank]}): set aside"))
-            dumps.remove(d)
-        seen.setdefault(d.rank, d.path)
-    return dumps, problems
+    best: dict[int, FRDump] = {}
+    aside: dict[int, list[str]] = {}
+    for d in dumps:
+        o = best.get(d.rank)
+        if o is not None and _newest(o) >= _newest(d):
+            aside.setdefault(d.rank, []).append(d.path)
+            continue
+        if o is not None:
+            aside.setdefault(d.rank, []).append(o.path)
+        best[d.rank] = d
+    notes = [f"rank {r} has {len(aside[r]) + 1} dumps: read {best[r].path}, the latest; set aside "
+             f"{', '.join(aside[r])}" for r in sorted(aside)]
+    return [best[r] for r in sorted(best)], problems, notes
 
 
-def analyse_dumps(dumps: list[FRDump]) -> FlightRecord:
-    groups = group_members(dumps)
-    grid = name_axes(dumps, groups)
+def _newest(d: FRDump) -> tuple:
+    return max((e.created_ns for e in d.entries), default=0), len(d.entries)
+
+
+def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRecord:
+    """`meta`: the run's facts (diag_run.json, runmeta.given): its world size where the dumps cannot
+    give it, and its axis sizes to name groups the dumps' descriptions do not."""
+    meta = meta or {}
+    world, known = world_size(dumps)
+    hint = meta.get("world_size")
+    if isinstance(hint, int) and hint > 0 and not known and hint >= (world or 0):
+        world, known = hint, True
+    groups = group_members(dumps, world)
+    grid = name_axes(dumps, groups, meta)
     times = [e.created_ns for d in dumps for e in d.entries]
-    fr = FlightRecord(files=[d.path for d in dumps], ranks=sorted(d.rank for d in dumps),
+    ranks = sorted(d.rank for d in dumps)
+    fr = FlightRecord(files=[d.path for d in dumps], ranks=ranks,
                       entries=len(times), first_ns=min(times, default=None), last_ns=max(times, default=None),
-                      layout=grid.describe())
-    fr.groups = hang_groups(dumps, groups, grid)
+                      layout=grid.describe(), world_size=world, world_known=known,
+                      undumped=[r for r in range(world or 0) if r not in set(ranks)])
+    groups, guessed = complete_members(groups, inferred_groups(dumps), grid)   # gloo: members from the layout
+    fr.groups = hang_groups(dumps, groups, grid, fr.undumped, guessed)
     fr.cause = cause_ranks(fr.groups)
+    fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) + _beside_undumped(r, fr.groups)
+                     for r in fr.cause]
     found = instances(dumps, groups)
-    axis_of = {g.pg: g.axis if g.axis != "unknown" else g.desc or "unknown" for g in fr.groups}
+    axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
     fr.late, fr.late_basis, fr.late_unknown, fr.late_window_s = late_ranks(found)
     if any(e.p2p for d in dumps for e in d.entries):
         fr.notes.append("point-to-point entries (send/recv) are not matched: their sequence numbers are per pair")
+    backends = {e.op.split(":")[0] for d in dumps for e in d.entries if ":" in e.op}
+    fr.backend = next(iter(backends)) if len(backends) == 1 and backends <= {"nccl", "gloo", "xccl", "ucc", "mpi"} else None
     if not any(g.ranks for g in fr.groups):
         fr.notes.append("the dumps record no collective")
     return fr
 
 
+def _latest_words(d: FRDump, groups) -> str:
+    """A rank's latest entry in words: where it went silent (a send/recv shows here, never matched)."""
+    if not d.entries:
+        return "no entry"
+    e = max(d.entries, key=lambda e: e.created_ns)
+    g = next((g for g in groups if g.pg == e.pg), None)
+    where = group_label(g.axis, g.desc, g.pg, g.ranks) if g else f"pg {e.pg}"
+    return (f"{'point-to-point ' if e.p2p else ''}{op_word(e)} #{e.seq} of {where}, entered "
+            f"{time.strftime('%H:%M:%S', time.gmtime(e.created_ns / 1e9))} UTC")
+
+
+def _beside_undumped(rank: int, groups) -> str:
+    """A cause that shares a group (not the world) with ranks without a dump may be held by them."""
+    shared = [g for g in groups if rank in g.ranks and g.undumped and g.axis != WORLD]
+    return "".join(f"; it shares {group_label(g.axis, g.desc, g.pg, g.ranks)} with "
+                   f"{'rank' if len(g.undumped) == 1 else 'ranks'} {', '.join(map(str, g.undumped))}, "
+                   f"which left no dump" for g in shared)
+
+
 def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:
     """(the analysis, or None when `path` holds no dump; the dumps that could not be read)."""
-    dumps, problems = read_dumps(path, strict)
-    return (analyse_dumps(dumps) if dumps else None), problems
+    dumps, problems, notes = read_dumps(path, strict)
+    fr = analyse_dumps(dumps, _run_facts(path)) if dumps else None
+    if fr is not None:
+        fr.notes += notes
+    return fr, problems
+
+
+def _run_facts(path: str) -> Optional[dict]:
+    """The facts of the run's diag_run.json beside the dumps (or above OUT/flightrec): its world size
+    and axis sizes; None where there is none or it does not read (the trace reader reports a bad one)."""
+    from ..runmeta import RunMetaError, decode, given
+    from ..trace.job import RUN_METADATA
+
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    for d in (folder, os.path.dirname(folder)) if os.path.basename(folder) in DUMP_FOLDERS else (folder,):
+        p = os.path.join(d, RUN_METADATA)
+        try:
+            if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) < (1 << 20):
+                with open(p, "rb") as f:
+                    return given(decode(f.read()))
+        except (OSError, RunMetaError, ValueError, TypeError):
+            return None
+    return None
 
 
 def dumps_only(path: str, fr: Optional[FlightRecord], problems: list[Problem]) -> Diagnosis:
@@ -66,7 +135,6 @@ def dumps_only(path: str, fr: Optional[FlightRecord], problems: list[Problem]) -
     readable, the first problem is the error (one line naming the file)."""
     if fr is None:
         raise TraceError(problems[0].file, problems[0].problem)
-    world = max((max(g.ranks) + 1 for g in fr.groups if g.ranks), default=None)
-    return Diagnosis(source=os.path.abspath(path), world_size=world, backend=None, ranks=[], layout=fr.layout,
+    return Diagnosis(source=os.path.abspath(path), world_size=fr.world_size, backend=fr.backend, ranks=[], layout=fr.layout,
                      problems=problems, flight_recorder=fr,
                      notes=["no profiler trace here: the report is the Flight Recorder dumps' alone"])

@@ -33,11 +33,13 @@ class FRGroup:
     mismatch: Optional[str] = None
     undumped: list[int] = field(default_factory=list)     # members without a dump: their state is unknown
     blocked: list[int] = field(default_factory=list)      # missing members that wait in another group's collective
+    maybe_waiting: list[FRWaiter] = field(default_factory=list)  # with undumped members: dumped ones inside their last entry
+    not_completed: list[int] = field(default_factory=list)  # all entered next_seq; these never completed it (NCCL states)
     verdict: str = ""                 # the one line a person acts on
 
     @property
     def stuck(self) -> bool:
-        return bool(self.missing) or self.mismatch is not None
+        return bool(self.missing) or self.mismatch is not None or bool(self.not_completed)
 
 
 @dataclass
@@ -76,8 +78,13 @@ class FlightRecord:
     first_ns: Optional[int]           # the buffers' time range (host clock)
     last_ns: Optional[int]
     layout: Optional[str] = None      # how the groups were named by axis
+    world_size: Optional[int] = None  # from pg_config; else the highest rank dumped + 1 (a lower bound)
+    world_known: bool = False         # world_size from the default group's members in pg_config
+    undumped: list[int] = field(default_factory=list)     # ranks below world_size without a readable dump
+    backend: Optional[str] = None     # nccl / gloo, from the entries' profiling names
     groups: list[FRGroup] = field(default_factory=list)   # the cause first, then the groups stuck behind it
     cause: list[int] = field(default_factory=list)        # ranks others wait for that wait for nobody
+    cause_last: list[str] = field(default_factory=list)   # each cause rank's latest entry, in words
     timings: list[FROpTiming] = field(default_factory=list)
     late: list[FRLate] = field(default_factory=list)
     late_basis: str = ""              # how lateness was measured

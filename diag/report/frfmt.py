@@ -17,7 +17,11 @@ def fr_headline(fr) -> list[str]:
     span = (fr.last_ns - fr.first_ns) / 1e9 if fr.first_ns is not None else 0.0
     return [f"Flight Recorder: {len(fr.ranks)} rank dumps, {fr.entries:,} entries, "
             f"{_clock(fr.first_ns)} to {_clock(fr.last_ns)} ({span:,.1f} s)",
-            f"Groups named by: {fr.layout}" if fr.layout else "Groups named by: unknown (no group descriptions)"]
+            f"Groups named by: {fr.layout}" if fr.layout else "Groups named by: unknown (no group descriptions)"] \
+        + ([f"missing dumps: no dump of rank{'s' * (len(fr.undumped) > 1)} {', '.join(map(str, fr.undumped))} "
+            f"(world size {fr.world_size}{'' if fr.world_known else ' at least'}): "
+            f"{'its' if len(fr.undumped) == 1 else 'their'} state is unknown; the groups are judged without "
+            f"{'it' if len(fr.undumped) == 1 else 'them'}"] if fr.undumped else [])
 
 
 def hang_lines(fr) -> list[str]:
@@ -26,7 +30,8 @@ def hang_lines(fr) -> list[str]:
     if not stuck:
         return ["no hang: in every group, every dumped member entered the same last collective"]
     head = ([f"hang: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
-             f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"]
+             f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"
+             + (f" (latest entry: {fr.cause_last[0]})" if len(fr.cause) == 1 and fr.cause_last else "")]
             if fr.cause else [])
     return head + [f"hang: {g.verdict}" for g in stuck]
 

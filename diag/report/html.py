@@ -13,6 +13,7 @@ from typing import Optional
 from ..analysis.gantt import PipelineGantt
 from ..analysis.results import Diagnosis
 from . import charts, memcharts
+from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, GANTT_LEGEND, KERNEL_HEADER, OPS_HEADER,
                   PIPE_HEADER, RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline,
@@ -63,6 +64,16 @@ def _communication(d: Diagnosis) -> list[str]:
     out = [table(AXIS_HEADER, axis_rows(d)), *_why(empty, "axes"), _figure(charts.axis_exposure_bars(d)),
            *_why(empty, "busbw"), _figure(charts.busbw_scatter(d)), table(OPS_HEADER, op_rows(d), ops_legend(d))]
     out += [f"<p class='note'>note: {_e(n)}</p>" for n in d.comm.notes]
+    return out
+
+
+def _flight_recorder(d: Diagnosis) -> list[str]:
+    """The dumps' hang lines first (the line a person acts on), then the timings over the buffer."""
+    fr = d.flight_recorder
+    marked = ("hang:", "missing dumps:", "late:")
+    out = [("<p class='straggler'>" if line.startswith(marked) else "<p>") + f"{_e(line)}</p>" for line in fr_lines(fr)]
+    if fr.timings:
+        out.append(table(FR_TIMING_HEADER, fr_timing_rows(fr), fr_timing_legend(fr)))
     return out
 
 
@@ -139,10 +150,13 @@ def render_html(d: Diagnosis, gantt: Optional[PipelineGantt] = None, title: str 
     gantt = gantt or d.gantt
     from plotly.offline import get_plotlyjs
 
-    body = [f"<h1>{_e(title)}</h1>", "<nav>" + "".join(f"<a href='#{k}'>{v}</a>" for k, v in _SECTIONS) + "</nav>"]
+    sections = ((("flightrec", "Flight Recorder"),) if d.flight_recorder else ()) + _SECTIONS
+    body = [f"<h1>{_e(title)}</h1>", "<nav>" + "".join(f"<a href='#{k}'>{v}</a>" for k, v in sections) + "</nav>"]
     body += [f"<p>{_e(line)}</p>" for line in headline(d)]
     body += [f"<p class='note'>problem: {_e(p.file)}: {_e(p.problem)}</p>" for p in d.problems]
     body += [f"<p class='note'>note: {_e(n)}</p>" for n in d.notes]
+    if d.flight_recorder:                  # a hang is what to read first
+        body += ["<h2 id='flightrec'>Flight Recorder</h2>", *_flight_recorder(d)]
     builders = {"overview": lambda: _overview(d), "communication": lambda: _communication(d),
                 "pipeline": lambda: _pipeline(d, gantt), "memory": lambda: _memory(d), "ranks": lambda: _ranks(d),
                 "recommendations": lambda: _recommendations(d)}

@@ -7,7 +7,8 @@ or by `torch._C._distributed_c10d._dump_fr_trace_json()`). A dump is JSON (ours,
 `<prefix><rank>` files). Both hold plain containers only: `version`, `pg_config` (name -> desc and
 ranks), `pg_status` (per local pg id: last enqueued / completed sequence number) and `entries`, one
 per collective. A pickle is read by an unpickler that refuses every class and callable, so
-nothing in the file is ever executed (the standard unpickler is never used).
+nothing in the file is ever executed (the standard unpickler is never used); torch's typed-list
+markers (torch.jit._pickle.build_intlist ...) become plain lists through diag's own function.
 
 The rank is not in the dump: it is the number at the end of the file name (as PyTorch's fr_trace
 reads it). Every malformed field is a TraceError naming the file, the entry and the field.
@@ -63,10 +64,24 @@ class FRDump:
     entries: list[FREntry] = field(default_factory=list)
 
 
+def _plain_list(items):
+    if not isinstance(items, list):
+        raise pickle.UnpicklingError("a typed list that is not a list")
+    return list(items)
+
+
+# torch's C++ pickler writes a typed list (c10::List<int64_t>, ...) as GLOBAL torch.jit._pickle
+# build_intlist applied to a plain list: diag's own list builder stands in, torch is never imported.
+_TORCH_LISTS = {("torch.jit._pickle", f"build_{t}list") for t in ("int", "double", "bool", "string")}
+
+
 class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, strings and numbers; any class or callable is refused."""
+    """Builds dicts, lists, tuples, strings and numbers; any class or callable is refused (but
+    torch's typed-list markers, which become plain lists here)."""
 
     def find_class(self, module, name):
+        if (module, name) in _TORCH_LISTS:
+            return _plain_list
         raise pickle.UnpicklingError(f"it names {module}.{name}; only plain containers are accepted")
 
     def persistent_load(self, pid):
@@ -86,19 +101,22 @@ def is_dump(path: str) -> bool:
 
 
 def dump_files(root: str) -> list[str]:
-    """Dump files in `root` itself (those whose content is a dump's) or in its flightrec/comm_traces
-    folders (every file named with a rank: a bad one is then reported, not skipped); a file: itself."""
+    """Dump files in `root` itself (those whose content is a dump's, and the files named like them:
+    `rank_1` beside the dump `rank_0`, even empty, is rank 1's dump, reported if bad) or in its
+    flightrec/comm_traces folders (every file named with a rank: a bad one is then reported, not
+    skipped); a file: itself."""
     if os.path.isfile(root):
         return [root] if is_dump(root) else []
     out = []
     for folder in (root, *(os.path.join(root, d) for d in DUMP_FOLDERS)):
         if not os.path.isdir(folder) or (folder != root and os.path.islink(folder)):
             continue
-        for name in sorted(os.listdir(folder)):
-            p = os.path.join(folder, name)
-            if os.path.isfile(p) and not os.path.islink(p) and _RANK_IN_NAME.search(name) \
-                    and (folder != root or is_dump(p)) and not name.endswith(".partial"):
-                out.append(p)
+        named = [n for n in sorted(os.listdir(folder)) if _RANK_IN_NAME.search(n) and not n.endswith(".partial")
+                 and os.path.isfile(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n))]
+        if folder == root:
+            prefixes = {_RANK_IN_NAME.sub("", n) for n in named if is_dump(os.path.join(folder, n))}
+            named = [n for n in named if _RANK_IN_NAME.sub("", n) in prefixes]
+        out += [os.path.join(folder, n) for n in named]
     return out
 
 
@@ -111,9 +129,43 @@ def read_dump(path: str) -> FRDump:
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
         raise TraceError(path, "not a Flight Recorder dump: no 'entries' list at the top")
     dump = FRDump(path, int(m.group(1)), str(raw.get("version", "")), _groups(path, raw.get("pg_config")))
-    for i, e in enumerate(raw.get("entries", [])):
-        dump.entries.append(_entry(path, i, e))
+    dump.entries = fold_coalesced([_entry(path, i, e) for i, e in enumerate(raw.get("entries", []))])
     return dump
+
+
+def fold_coalesced(entries: list[FREntry]) -> list[FREntry]:
+    """One entry per coalesced collective: it is recorded as its parts and a closing `coalesced` entry,
+    one after another in their group, all with one collective_seq_id (fr_trace treats them as one). The
+    fold: the parts' op when they agree (else 'coalesced'), their elements summed, the closing
+    entry's state, completion and duration, the first part's entry time."""
+    last: dict = {}              # pg -> index of its latest group: parts follow one another in their pg
+    out: list = []
+    for e in entries:
+        i = last.get(e.pg)
+        if i is not None and (out[i][0].p2p, out[i][0].seq) == (e.p2p, e.seq):
+            out[i].append(e)
+        else:
+            last[e.pg] = len(out)
+            out.append([e])
+    return [g[0] if len(g) == 1 else _fold(g) for g in out]
+
+
+def _fold(group: list[FREntry]) -> FREntry:
+    parts = [e for e in group if not e.op.split(" ")[0].endswith("coalesced")] or group   # not the closer
+    last = group[-1]
+    colls = {e.coll for e in parts}
+    one = len(colls) == 1
+
+    def total(xs):
+        return None if any(x is None for x in xs) else sum(xs)
+
+    durs = [e.duration_s for e in group if e.duration_s is not None]
+    return FREntry(pg=last.pg, desc=last.desc, seq=last.seq, p2p=last.p2p,
+                   op=parts[0].op if one else last.op, coll=parts[0].coll if one else Coll.UNKNOWN,
+                   in_nelems=total([e.in_nelems for e in parts]), out_nelems=total([e.out_nelems for e in parts]),
+                   dtype_bytes=parts[0].dtype_bytes if len({e.dtype_bytes for e in parts}) == 1 else 0,
+                   state=last.state, created_ns=min(e.created_ns for e in group),
+                   completed_ns=last.completed_ns, duration_s=max(durs) if durs else None)
 
 
 def load_plain(path: str):
@@ -126,6 +178,8 @@ def load_plain(path: str):
             data = f.read()
     except OSError as e:
         raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not data.strip():
+        raise TraceError(path, "empty file: the dump was never written (the rank died or was killed while dumping)")
     if data[:1] == b"\x80":
         try:
             return _PlainUnpickler(io.BytesIO(data)).load()
@@ -139,12 +193,16 @@ def load_plain(path: str):
 
 
 def _groups(path: str, pg_config) -> dict:
+    """pg name -> (desc, ranks). PyTorch writes {name: {name, desc, ranks: "[0, 1]"}}; older dumps
+    and other writers give the ranks as a list, or a group as its ranks alone ({name: [0, 1]})."""
     if pg_config is None:
         return {}
     if not isinstance(pg_config, dict):
         raise TraceError(path, "pg_config is not a mapping of group name to its description and ranks")
     out = {}
     for name, g in pg_config.items():
+        if isinstance(g, (list, tuple, str)):      # old style: the group's ranks alone
+            g = {"ranks": g}
         if not isinstance(g, dict):
             raise TraceError(path, f"pg_config[{name!r}] is not a mapping")
         ranks = g.get("ranks", [])
@@ -153,7 +211,9 @@ def _groups(path: str, pg_config) -> dict:
                 ranks = json.loads(ranks) if ranks.strip() else []
             except ValueError:
                 raise TraceError(path, f"pg_config[{name!r}].ranks is {ranks[:40]!r}, not a list of ranks") from None
-        if not isinstance(ranks, list) or not all(_is_int(r) and r >= 0 for r in ranks):
+        if isinstance(ranks, (list, tuple)):
+            ranks = [int(r) if isinstance(r, str) and r.isdigit() else r for r in ranks]
+        if not isinstance(ranks, (list, tuple)) or not all(_is_int(r) and r >= 0 for r in ranks):
             raise TraceError(path, f"pg_config[{name!r}].ranks is not a list of ranks")
         if name:                               # gloo writes one empty placeholder
             out[str(name)] = (str(g.get("desc") or ""), sorted(set(ranks)))
@@ -194,15 +254,17 @@ def _entry(path: str, i: int, e) -> FREntry:
     name = e.get("profiling_name")
     if not isinstance(name, str):
         raise TraceError(path, f"entry {i}: profiling_name is {name!r:.40}, not a string")
-    p2p = bool(e.get("is_p2p", False))
-    seq = _int(path, i, e, "p2p_seq_id" if p2p else "collective_seq_id")
+    coll = coll_from_host_op(name.split(" ")[0])
+    # older dumps have no is_p2p: a send/recv is point-to-point by its name
+    p2p = bool(e.get("is_p2p", coll in (Coll.SEND, Coll.RECV)))
+    seq = _int(path, i, e, "p2p_seq_id" if p2p and "p2p_seq_id" in e else "collective_seq_id")
     created = _int(path, i, e, "time_created_ns")
     done = _int(path, i, e, "time_discovered_completed_ns", required=False)
     dur = e.get("duration_ms")
     if dur is not None and (not isinstance(dur, (int, float)) or isinstance(dur, bool) or not dur >= 0):
         raise TraceError(path, f"entry {i}: duration_ms is {dur!r:.40}, not a duration")
     dtypes = e.get("input_dtypes") or e.get("output_dtypes") or []
-    return FREntry(pg=pg[0], desc=pg[1], seq=seq, p2p=p2p, op=name, coll=coll_from_host_op(name.split(" ")[0]),
+    return FREntry(pg=pg[0], desc=pg[1], seq=seq, p2p=p2p, op=name, coll=coll,
                    in_nelems=_nelems(path, i, e.get("input_sizes")),
                    out_nelems=_nelems(path, i, e.get("output_sizes")),
                    dtype_bytes=dtype_bytes(dtypes[0]) if isinstance(dtypes, list) and dtypes else 0,

@@ -107,3 +107,34 @@ def test_end_dumps_beside_traces_make_one_report(tmp_path):
     (dp,) = [g for g in fr["groups"] if g["axis"] == "dp"]
     # Truth: every DP collective of the run, from the trainer's comm log
     assert dp["last_common_seq"] == len([c for c in _comm(out, 0) if c["axis"] == "dp"]) and not dp["missing"]
+
+
+def test_sigusr1_dumps_mid_run_and_training_goes_on(tmp_path):
+    """SIGUSR1 to every rank of a healthy run: each writes its buffer as it stands, and the run
+    finishes every step (exit 0); the end dump then holds more collectives than the SIGUSR1 one."""
+    out, steps = tmp_path / "run", 24
+    p = _trainer(out, "--train-iters", str(steps), "--fault-slow", "0:0:0.25")   # ~6 s: time to signal
+    kids = {}
+    try:
+        _wait_for(lambda: (out / "steps.jsonl").exists() and sum(1 for _ in open(out / "steps.jsonl")) >= 4,
+                  p, "the run never reached step 4")
+        launcher = psutil.Process(p.pid)
+        kids = {r: _child_with_rank(launcher, r) for r in (0, 1)}
+        for k in kids.values():
+            k.send_signal(signal.SIGUSR1)
+        dumps = [out / "flightrec" / f"rank-{r}.json" for r in (0, 1)]
+        _wait_for(lambda: all(d.exists() for d in dumps), p, "SIGUSR1 left no dump")
+        shutil.copytree(out / "flightrec", tmp_path / "usr1")
+        at_signal = sum(1 for _ in open(out / "steps.jsonl"))
+        code = p.wait(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert code == 0, p.stderr.read()
+    assert at_signal < steps and sum(1 for _ in open(out / "steps.jsonl")) == steps
+    mid, _ = flight_record(str(tmp_path / "usr1"))
+    end, _ = flight_record(str(out))
+    dp_mid, dp_end = ([g for g in fr.groups if g.axis == "dp"][0] for fr in (mid, end))
+    assert not end.hangs          # (the SIGUSR1 snapshot may catch rank 1 waiting for the slowed rank 0)
+    assert 0 < dp_mid.last_common_seq < dp_end.last_common_seq
+    assert dp_end.last_common_seq == len([c for c in _comm(out, 0) if c["axis"] == "dp"])
