@@ -319,3 +319,13 @@ def test_zero_bubble_fills_the_1f1b_waits_with_weight_gradients():
         assert step_time(w, Config(pp=p, num_micro_batches=m, schedule="zb1p"), Links()) == approx(
             (3 * m + p - 1) * f)
         assert step_time(w, Config(pp=p, num_micro_batches=m), Links()) == approx((m + p - 1) * 3 * f)
+
+
+def test_zero3_blocking_gathers_pay_every_layer():
+    """On a host timeline (gloo runs the collective in the call) ZeRO-3's gathers and scatters hold
+    the thread: every layer pays its two all-gathers and its reduce-scatter, m·L·(2a + 3f + r)."""
+    L, m, f, B = 4, 3, 2 * MS, 1e12
+    w = Workload(num_layers=L, fwd_s_per_layer=f, grad_bytes=8e9, param_bytes=4e9, blocking_gathers=True)
+    a, r = 1e9 * 0.5 / B, 2e9 * 0.5 / B
+    c = Config(dp=2, num_micro_batches=m, zero=3)
+    assert step_time(w, c, Links(dp=B)) == approx(m * L * (2 * a + 3 * f + r))

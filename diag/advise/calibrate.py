@@ -234,9 +234,10 @@ def calibrate(d: Diagnosis) -> Calibration:
         (dtype_bytes(meta.dtype or "bf16") or 2)
     grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
+    host_timeline = bool(d.ranks) and all(r.timeline != "gpu" for r in d.ranks)
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
-                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor)
+                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, blocking_gathers=host_timeline)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
@@ -247,6 +248,9 @@ def calibrate(d: Diagnosis) -> Calibration:
                         "ahead, its gradients reduce-scattered after its backward, every micro-batch (FSDP)"
                         if zero >= 3 else "gradient buckets reduce-scattered, the parameters all-gathered "
                         "after the optimizer (Megatron-LM's distributed optimizer), fp32 parameters assumed"))
+    if zero >= 3 and host_timeline:
+        notes.append("ZeRO-3's all-gathers and reduce-scatters hold the issuing thread (a host timeline: gloo runs "
+                     "each collective in its call), so no prefetch hides them")
     tokens = d.throughput.tokens_per_step if d.throughput else None
     model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "

@@ -44,6 +44,8 @@ class Workload:
     dtensor_s_per_layer: float = 0.0     # DTensor's dispatch, one layer, one micro-batch: paid at TP > 1 only
     param_bytes: float = 0.0        # parameter bytes of the whole unsharded model as ZeRO all-gathers them;
                                     # 0: as many as the gradients (fp32 parameters)
+    blocking_gathers: bool = False  # ZeRO-3's gathers and scatters hold the issuing thread (a host timeline:
+                                    # gloo runs the collective in the call), so no prefetch hides them
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -181,7 +183,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
         optimizer_s=w.optimizer_s / (c.tp * c.pp * (c.dp if zero else 1)), overlap_dp=c.overlap_grad_reduce,
-        chunks=c.virtual_stages, zero=zero, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
+        chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer)
 
 

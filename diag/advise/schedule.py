@@ -133,6 +133,7 @@ class StageCosts:
     layer_ag_bytes: int = 0
     layer_rs_s: float = 0.0         # ZeRO-3: one layer's gradients reduce-scattered
     layer_rs_bytes: int = 0
+    blocking_gathers: bool = False  # ZeRO-3's collectives on the main stream, before / after the layer
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,10 @@ class ProgramWriter:
         stream: the pass's first layer's when the pass starts (exposed), each next one's when the
         layer before it starts (FSDP's prefetch of one layer)."""
         c, key = self.c, self._key("ag", pass_key, j)
+        if c.blocking_gathers:
+            self.main.append(self._coll("dp", self.p.dp_group, c.layer_ag_bytes, c.layer_ag_s, "param_all_gather",
+                                        "all_gather"))
+            return
         self.ag.append(Instr("wait", key=self._key("ag_go", pass_key, j)))
         self.ag.append(self._coll("dp", self.p.dp_group, c.layer_ag_bytes, c.layer_ag_s, "param_all_gather",
                                   "all_gather"))
@@ -187,6 +192,10 @@ class ProgramWriter:
 
     def _scatter(self) -> None:
         """ZeRO-3: the layer's gradients reduce-scattered on the "rs" stream once its backward ends."""
+        if self.c.blocking_gathers:
+            self.main.append(self._coll("dp", self.p.dp_group, self.c.layer_rs_bytes, self.c.layer_rs_s,
+                                        "grad_reduce_scatter", "reduce_scatter"))
+            return
         go = self._key("rs_go", self._rs)
         self.main.append(Instr("launch", key=go))
         self.rs.append(Instr("wait", key=go))
