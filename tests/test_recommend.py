@@ -210,3 +210,15 @@ def test_zero_bubble_schedule_is_simulated(tmp_path):
     assert rec.memory_before_bytes == model.peak(lay).total
     assert rec.memory_after_bytes == model.peak(zb).total > rec.memory_before_bytes
     assert "--pipeline-schedule zb1p" in rec.command
+
+
+def test_schedule_changes_on_a_cpu_timeline_are_low_confidence_and_say_why():
+    """The pipelining runtime's host work per action is not in the model; on a CPU trace the
+    schedule levers say so and are low confidence, whatever the fit (the synthesised GPU jobs
+    above keep the fit's confidence)."""
+    d = with_advice(diagnose(load_job("sample_traces/tp2_pp2_dp2")))
+    recs = {r.rule: r for r in d.recommendations}
+    assert {"zero_bubble", "interleave"} <= set(recs)
+    for rule in ("zero_bubble", "interleave"):
+        assert recs[rule].confidence == "low"
+        assert any("pipelining runtime's extra host work" in a for a in recs[rule].assumptions)

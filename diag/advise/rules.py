@@ -74,7 +74,7 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
     """The zero-bubble schedule (ZB1P, torch.distributed.pipelining's ScheduleInterleavedZeroBubble
     with one stage a rank), simulated on the model: the backward split into input and weight
     gradients, the weight passes filling 1F1B's waits, the same messages and micro-batches in flight."""
-    c = ctx.cal.config
+    c, host = ctx.cal.config, _host_schedule_caveat(ctx)
     rounds = max(1, c.num_micro_batches // c.pp)
     if c.schedule != "1f1b" or c.num_micro_batches % rounds:
         return []
@@ -85,7 +85,18 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
                         "(p-1)(F+B-W) at 1F1B's memory (Qi et al. 2023, ZB-H1)",
                     assumptions=["weight gradients are half of each layer's backward",
                                  "torchtitan: --parallelism.pipeline_parallel_schedule InterleavedZeroBubble; "
-                                 "Megatron-LM has no zero-bubble schedule"])
+                                 "Megatron-LM has no zero-bubble schedule"] + ([host["caveat"]] if host else []),
+                    **({"confidence": host["confidence"]} if host else {}))
+
+
+def _host_schedule_caveat(ctx: Context) -> dict:
+    """On a host (CPU) timeline a pipeline schedule's change costs the runtime's extra work per action,
+    which the model does not price (measured: benchmarks/README.md): low confidence, said."""
+    if not ctx.d.ranks or any(r.timeline == "gpu" for r in ctx.d.ranks):
+        return {}
+    return {"confidence": "low", "caveat": "on a CPU timeline the pipelining runtime's extra host work per action "
+            "is not priced (measured on CPU: interleaved 1F1B +37%, ZB1P -4..+10% against -17..-24% predicted; "
+            "benchmarks/README.md)"}
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
@@ -99,12 +110,14 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
               {"--pipeline-schedule": "interleaved-1f1b",
                "--num-layers-per-virtual-pipeline-stage": str(per_stage // v)})
              for v in _divisors(per_stage)[1:]]
+    host = _host_schedule_caveat(ctx)
     return ctx.best("interleave", cands, e, lambda k: f"interleaved 1F1B with {k.virtual_stages} virtual stages "
                     f"per rank ({per_stage // k.virtual_stages} layer{'s' * (per_stage // k.virtual_stages > 1)} each)", prefer=lambda k: k.virtual_stages,
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
                         "price of v times more pipeline messages, which the model prices on the measured PP link",
-                    assumptions=["the fewest virtual stages within 80% of the best predicted gain are proposed"],
-                    runnable=INTERLEAVED_RUNNABLE)
+                    assumptions=["the fewest virtual stages within 80% of the best predicted gain are proposed"]
+                    + ([host["caveat"]] if host else []),
+                    runnable=INTERLEAVED_RUNNABLE, **({"confidence": host["confidence"]} if host else {}))
 
 
 def recompute_off(ctx: Context) -> list[Recommendation]:
