@@ -73,7 +73,8 @@ def bubble(ctx: Context) -> list[Recommendation]:
 def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
     """The zero-bubble schedule (ZB1P, torch.distributed.pipelining's ScheduleInterleavedZeroBubble
     with one stage a rank), simulated on the model: the backward split into input and weight
-    gradients, the weight passes filling 1F1B's waits, the same messages and micro-batches in flight."""
+    gradients, the weight passes filling 1F1B's waits, the same messages; min(m, p) micro-batches in
+    flight on every stage."""
     c, host = ctx.cal.config, _host_schedule_caveat(ctx)
     rounds = max(1, c.num_micro_batches // c.pp)
     if c.schedule != "1f1b" or c.num_micro_batches % rounds:
@@ -82,7 +83,8 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
                     lambda k: "the zero-bubble schedule (ZB1P) instead of 1F1B",
                     why="splitting each backward into its input and weight gradients lets the weight passes run "
                         "while a stage would wait for its neighbours: the bubble shrinks from (p-1)(F+B+W) to "
-                        "(p-1)(F+B-W) at 1F1B's memory (Qi et al. 2023, ZB-H1)",
+                        "(p-1)(F+B-W) (Qi et al. 2023, ZB-H1); every stage then holds min(m, p) micro-batches, as the "
+                        "first does under 1F1B (the deferred weight passes keep their layers' inputs)",
                     assumptions=["weight gradients are half of each layer's backward",
                                  "torchtitan: --parallelism.pipeline_parallel_schedule InterleavedZeroBubble; "
                                  "Megatron-LM has no zero-bubble schedule"] + ([host["caveat"]] if host else []),
