@@ -62,6 +62,8 @@ class FRDump:
     version: str
     groups: dict = field(default_factory=dict)    # pg name -> (desc, [ranks]) from pg_config; [] unknown
     entries: list[FREntry] = field(default_factory=list)
+    reason: Optional[str] = None     # why it was taken (the trainer's diag_dump: failure, SIGUSR1, SIGTERM, end)
+    taken_ns: Optional[int] = None   # when (host clock); None: not recorded (torch's own dumps)
 
 
 def _plain_list(items):
@@ -129,6 +131,10 @@ def read_dump(path: str) -> FRDump:
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
         raise TraceError(path, "not a Flight Recorder dump: no 'entries' list at the top")
     dump = FRDump(path, int(m.group(1)), str(raw.get("version", "")), _groups(path, raw.get("pg_config")))
+    note = raw.get("diag_dump")
+    if isinstance(note, dict):          # the trainer's: why and when (torch's readers ignore the key)
+        dump.reason = str(note["reason"]) if isinstance(note.get("reason"), str) else None
+        dump.taken_ns = note["time_ns"] if _is_int(note.get("time_ns")) and note["time_ns"] > 0 else None
     dump.entries = fold_coalesced([_entry(path, i, e) for i, e in enumerate(raw.get("entries", []))])
     return dump
 
