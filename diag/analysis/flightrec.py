@@ -14,8 +14,9 @@ from ..trace.errors import TraceError
 from ..trace.flightrec import DUMP_FOLDERS, FRDump, dump_files, read_dump
 from .frresults import FlightRecord
 from .frtimings import instances, late_ranks, op_timings
-from .hang import (NO_DESC, WORLD, cause_ranks, complete_members, group_label, group_members, hang_groups, inferred_groups,
-                   name_axes, op_word, world_size)
+from .frp2p import match_p2p
+from .hang import (NO_DESC, WORLD, _clock, cause_ranks, complete_members, entry_bytes, group_label, group_members,
+                   hang_groups, inferred_groups, name_axes, op_word, size_words, world_size)
 from .results import Diagnosis, Problem
 
 
@@ -68,15 +69,18 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRec
                       undumped=[r for r in range(world or 0) if r not in set(ranks)])
     groups, guessed = complete_members(groups, inferred_groups(dumps), grid)   # gloo: members from the layout
     fr.groups = hang_groups(dumps, groups, grid, fr.undumped, guessed)
-    fr.cause = cause_ranks(fr.groups)
+    fr.p2p, unread = match_p2p(dumps, groups, grid, lambda e: entry_bytes(e, 2))
+    _p2p_verdicts(fr.p2p, fr.groups)
+    fr.cause = cause_ranks(fr.groups, fr.p2p)
     fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) + _beside_undumped(r, fr.groups)
                      for r in fr.cause]
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
     fr.late, fr.late_basis, fr.late_unknown, fr.late_window_s = late_ranks(found)
-    if any(e.p2p for d in dumps for e in d.entries):
-        fr.notes.append("point-to-point entries (send/recv) are not matched: their sequence numbers are per pair")
+    if unread:
+        fr.notes.append(f"{unread} point-to-point entries name no peers inside their group's members "
+                        "(profiling name `send a->b` / `recv b<-a` in group ranks): not matched")
     backends = {e.op.split(":")[0] for d in dumps for e in d.entries if ":" in e.op}
     fr.backend = next(iter(backends)) if len(backends) == 1 and backends <= {"nccl", "gloo", "xccl", "ucc", "mpi"} else None
     if not any(g.ranks for g in fr.groups):
@@ -84,8 +88,36 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRec
     return fr
 
 
+def _p2p_verdicts(pairs, groups) -> None:
+    """Each unmatched pair's line: who never posted the matching op, who waits in theirs; and the
+    groups whose missing members wait in such an op (not the cause there)."""
+    inside = {w.rank: g for g in groups for w in g.waiting}
+    in_p2p = {w.rank: x for x in pairs for w in x.waiting}
+    for x in pairs:
+        other = "recv" if x.op == "send" else "send"
+        label = group_label(x.axis, x.desc, x.pg, x.ranks) if x.ranks else f"pg {x.pg}"
+        x.verdict = (f"{label}: rank {x.absent} never entered the {other} matching rank {x.posted}'s {x.op} #{x.seq} "
+                     f"({size_words(x.bytes)}; {x.matched} earlier {x.op}s of rank {x.src} to rank {x.dst} matched); "
+                     + (f"rank {x.posted} waits in it since {_clock(x.since_ns)} UTC" if x.waiting else
+                        f"rank {x.posted}'s {x.op} completed (entered {_clock(x.since_ns)} UTC): nobody waits in it"))
+        if x.absent in inside:
+            o = inside[x.absent]
+            x.blocked = True
+            x.verdict += f"; rank {x.absent} itself waits in {group_label(o.axis, o.desc, o.pg, o.ranks)} {o.next_op} #{o.next_seq}"
+        elif x.absent in in_p2p and in_p2p[x.absent] is not x:
+            o = in_p2p[x.absent]
+            x.blocked = True
+            x.verdict += f"; rank {x.absent} itself waits in its {o.op} #{o.seq} (rank {o.src} to rank {o.dst})"
+    for g in groups:
+        for r in g.missing:
+            if r not in inside and r in in_p2p:
+                o = in_p2p[r]
+                g.blocked = sorted(set(g.blocked) | {r})
+                g.verdict += f"; rank {r} itself waits in its {o.op} #{o.seq} (rank {o.src} to rank {o.dst})"
+
+
 def _latest_words(d: FRDump, groups) -> str:
-    """A rank's latest entry in words: where it went silent (a send/recv shows here, never matched)."""
+    """A rank's latest entry in words: where it went silent."""
     if not d.entries:
         return "no entry"
     e = max(d.entries, key=lambda e: e.created_ns)

@@ -283,8 +283,10 @@ def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout, absent: list
                                       len(g.ranks)))
 
 
-def cause_ranks(groups: list[FRGroup]) -> list[int]:
-    """Ranks some group waits for that wait in no collective themselves: where to look first (not one
-    that may wait beside a rank without a dump: its state is not known)."""
-    waiting = {w.rank for g in groups for w in g.waiting + g.maybe_waiting}
-    return sorted({r for g in groups for r in g.missing} - waiting)
+def cause_ranks(groups: list[FRGroup], p2p: list = ()) -> list[int]:
+    """Ranks some group (or a peer's unmatched send/recv) waits for that wait in no collective or
+    point-to-point op themselves: where to look first (not one that may wait beside a rank without a
+    dump: its state is not known)."""
+    waiting = {w.rank for g in groups for w in g.waiting + g.maybe_waiting} | {w.rank for x in p2p for w in x.waiting}
+    wanted = {r for g in groups for r in g.missing} | {x.absent for x in p2p if x.waiting}
+    return sorted(wanted - waiting)
