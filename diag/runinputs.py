@@ -97,7 +97,8 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     from .analysis.flightrec import dumps_only, flight_record
     from .trace.errors import TraceError
 
-    fr, fr_problems = flight_record(path, inputs.strict)      # Flight Recorder dumps, alone or beside traces
+    # Flight Recorder dumps, alone or beside traces; their groups named by the layout given as for the traces
+    fr, fr_problems = flight_record(path, inputs.strict, inputs.sizes, inputs.config)
     try:
         job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
                              use_summaries=inputs.use_summaries, iteration=inputs.iteration)

@@ -444,3 +444,41 @@ def test_a_bad_pickle_beside_good_ones_is_one_problem(tmp_path, cut, problem):
     fr, problems = flight_record(str(tmp_path))
     assert [(p.file, p.problem) for p in problems] == [(str(bad), problem)]
     assert fr.ranks == [0, 1, 3] and fr.undumped == [2]
+
+
+def _undescribed(tmp_path):
+    raw = _job()
+    for d in raw.values():
+        d.pop("pg_config")
+        for e in d["entries"]:
+            e["process_group"] = [e["process_group"][0], "undefined"]
+    return _write(tmp_path / "dumps", raw, "json")
+
+
+def test_a_foreign_dump_set_is_named_by_the_layout_given_on_the_command_line(tmp_path):
+    """No description, no diag_run.json: `--tp 2` (Megatron rank order, tp fastest) names the groups
+    tp/dp, through the same layout resolution as the traces', and the report says so."""
+    import os
+    import subprocess
+    import sys
+
+    folder = _undescribed(tmp_path)
+    fr, _ = flight_record(str(folder), sizes={"tp": 2})
+    assert fr.layout == "dp2 × tp2, from --tp (Megatron rank order)"
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
+    assert _v(fr, [2, 3]).startswith("tp group [2, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for flags in (["--tp", "2"], ["--config", str(_megatron_args(tmp_path))]):
+        out = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(folder), *flags], capture_output=True,
+                             text=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+        assert "Groups named by: dp2 × tp2, from " in out.stdout, out
+        assert "dp group [1, 3]: rank 3 never entered all_reduce #6" in out.stdout, out.stdout
+    bare, _ = flight_record(str(folder))           # nothing given: named by ranks, never a guessed axis
+    assert _v(bare, [1, 3]).startswith("group [1, 3] (pg 4, axis unknown)")
+
+
+def _megatron_args(tmp_path):
+    p = tmp_path / "args.sh"
+    p.write_text("torchrun --nproc-per-node 4 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                 "--pipeline-model-parallel-size 1 --num-layers 2 --hidden-size 64 --num-attention-heads 4\n")
+    return p

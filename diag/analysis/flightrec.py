@@ -51,16 +51,26 @@ def _newest(d: FRDump) -> tuple:
     return max((e.created_ns for e in d.entries), default=0), len(d.entries)
 
 
-def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRecord:
+def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None, sizes: Optional[dict] = None,
+                  config_path: Optional[str] = None) -> FlightRecord:
     """`meta`: the run's facts (diag_run.json, runmeta.given): its world size where the dumps cannot
-    give it, and its axis sizes to name groups the dumps' descriptions do not."""
+    give it, and its axis sizes to name groups the dumps' descriptions do not. `sizes` (--tp/--pp ...)
+    and `config_path` (--config): the layout as the user gives it, resolved by the same layoutfind
+    the traces' analysis uses, in the same order (group names, flags, config file, diag_run.json)."""
     meta = meta or {}
     world, known = world_size(dumps)
     hint = meta.get("world_size")
     if isinstance(hint, int) and hint > 0 and not known and hint >= (world or 0):
         world, known = hint, True
+    config = None
+    if config_path:
+        from ..runconfig import load_config
+        config = load_config(config_path, world_size=world if known else None)
+        cw = config.get("world_size")
+        if isinstance(cw, int) and cw > 0 and not known and cw >= (world or 0):
+            world, known = cw, True
     groups = group_members(dumps, world)
-    grid = name_axes(dumps, groups, meta)
+    grid = name_axes(dumps, groups, meta, sizes, config)
     times = [e.created_ns for d in dumps for e in d.entries]
     ranks = sorted(d.rank for d in dumps)
     fr = FlightRecord(files=[d.path for d in dumps], ranks=ranks,
@@ -74,6 +84,7 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None) -> FlightRec
     fr.cause = cause_ranks(fr.groups, fr.p2p)
     fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) + _beside_undumped(r, fr.groups)
                      for r in fr.cause]
+    fr.notes += grid.notes
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
@@ -135,10 +146,12 @@ def _beside_undumped(rank: int, groups) -> str:
                    f"which left no dump" for g in shared)
 
 
-def flight_record(path: str, strict: bool = False) -> tuple[Optional[FlightRecord], list[Problem]]:
-    """(the analysis, or None when `path` holds no dump; the dumps that could not be read)."""
+def flight_record(path: str, strict: bool = False, sizes: Optional[dict] = None,
+                  config_path: Optional[str] = None) -> tuple[Optional[FlightRecord], list[Problem]]:
+    """(the analysis, or None when `path` holds no dump; the dumps that could not be read).
+    `sizes`, `config_path`: the layout given on the command line (runinputs.RunInputs)."""
     dumps, problems, notes = read_dumps(path, strict)
-    fr = analyse_dumps(dumps, _run_facts(path)) if dumps else None
+    fr = analyse_dumps(dumps, _run_facts(path), sizes, config_path) if dumps else None
     if fr is not None:
         fr.notes += notes
     return fr, problems
