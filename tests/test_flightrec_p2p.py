@@ -37,7 +37,8 @@ def _write(folder, then_all_reduce: bool):
         ents[1].append(_e("0", 30, 1, "nccl:all_reduce", seq=1, state="started", nelems=4))
     for r, es in ents.items():
         raw = {"version": "2.10", "pg_config": {g: {"name": g, "desc": d, "ranks": str(m)} for g, (d, m) in GROUPS.items()},
-               "pg_status": {}, "entries": es}
+               "pg_status": {}, "entries": es,       # the trainer's dump on a failure (a timeout raised)
+               "diag_dump": {"reason": "failure", "time_ns": T0 + 60_000_000_000}}
         (folder / f"rank_{r}.json").write_text(json.dumps(raw))
     return folder
 

@@ -85,6 +85,7 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None, sizes: Optio
     fr.cause_last = [_latest_words(next(d for d in dumps if d.rank == r), fr.groups) + _beside_undumped(r, fr.groups)
                      for r in fr.cause]
     fr.notes += grid.notes
+    _judge(fr, dumps)
     found = instances(dumps, groups)
     axis_of = {g.pg: g.axis if g.axis != "unknown" or g.desc in NO_DESC else g.desc for g in fr.groups}
     fr.timings = op_timings(found, axis_of)
@@ -97,6 +98,55 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None, sizes: Optio
     if not any(g.ranks for g in fr.groups):
         fr.notes.append("the dumps record no collective")
     return fr
+
+
+SNAPSHOT_REASONS = ("SIGUSR1", "end")    # taken on request or at a healthy end: waits there may be in flight
+
+
+def _judge(fr: FlightRecord, dumps: list[FRDump]) -> None:
+    """Hang, snapshot or waiting. A dump records no time or reason of its own (torch's); the
+    trainer's say why and when (diag_dump). Taken on SIGUSR1 or at the end with every wait under
+    the timeout the entries record: a snapshot, ranks in flight. Taken on a failure or SIGTERM, or a
+    wait past the timeout: a hang. No reason recorded and every wait (to the buffers' last entry, a
+    lower bound) under the timeout: ranks waiting when the dumps were taken; timeout unknown: a
+    hang, as before, with the wait said so a person can judge."""
+    by = {d.rank: d for d in dumps}
+    at = {(d.rank, e.created_ns): e for d in dumps for e in d.entries}
+    end_ns = max((t for d in dumps for e in d.entries for t in (e.created_ns, e.completed_ns or 0)), default=0)
+    reasons = {d.rank: d.reason for d in dumps}
+    if any(reasons.values()):
+        seen: dict = {}
+        for d in dumps:
+            if d.reason:
+                seen.setdefault(d.reason, []).append(d)
+        fr.taken = ", ".join(f"{why} at {_clock(min(x.taken_ns or 0 for x in ds))} UTC"
+                             + (f" (rank{'s' * (len(ds) > 1)} {', '.join(str(x.rank) for x in ds)})"
+                                if len(seen) > 1 or len(ds) < len(dumps) else "")
+                             for why, ds in seen.items())
+    waits, timeouts, lower = [], [], False
+    for x in [w for g in fr.hangs for w in g.waiting]:
+        d = by.get(x.rank)
+        if d is not None and d.taken_ns:
+            waits.append((d.taken_ns - x.since_ns) / 1e9)
+        else:
+            waits.append((end_ns - x.since_ns) / 1e9)
+            lower = True
+        e = at.get((x.rank, x.since_ns))
+        if e is not None and e.timeout_s:
+            timeouts.append(e.timeout_s)
+    fr.longest_wait_s = max(waits) if waits else None
+    fr.wait_is_lower_bound = lower
+    fr.timeout_s = min(timeouts) if timeouts else None
+    if not fr.hangs:
+        fr.verdict_kind = "hang"            # nothing stuck: 'no hang' whatever the reason
+        return
+    under = fr.timeout_s is not None and fr.longest_wait_s is not None and fr.longest_wait_s < fr.timeout_s
+    if all(r in SNAPSHOT_REASONS for r in reasons.values()):
+        fr.verdict_kind = "snapshot" if under or fr.timeout_s is None else "hang"
+    elif any(reasons.values()):
+        fr.verdict_kind = "hang"            # a failure or SIGTERM dump (a launcher's stop of a stuck job)
+    else:
+        fr.verdict_kind = "waiting" if under else "hang"
 
 
 def _p2p_verdicts(pairs, groups) -> None:

@@ -53,6 +53,7 @@ class FREntry:
     created_ns: int                  # when the rank entered (enqueued) it, host clock
     completed_ns: Optional[int]      # None: not recorded (gloo, or timing off)
     duration_s: Optional[float]      # None: not timed (TORCH_NCCL_ENABLE_TIMING, GPU only)
+    timeout_s: Optional[float] = None  # the process group's timeout as the entry records it (timeout_ms)
 
 
 @dataclass
@@ -171,7 +172,7 @@ def _fold(group: list[FREntry]) -> FREntry:
                    in_nelems=total([e.in_nelems for e in parts]), out_nelems=total([e.out_nelems for e in parts]),
                    dtype_bytes=parts[0].dtype_bytes if len({e.dtype_bytes for e in parts}) == 1 else 0,
                    state=last.state, created_ns=min(e.created_ns for e in group),
-                   completed_ns=last.completed_ns, duration_s=max(durs) if durs else None)
+                   completed_ns=last.completed_ns, duration_s=max(durs) if durs else None, timeout_s=last.timeout_s)
 
 
 def load_plain(path: str):
@@ -269,10 +270,12 @@ def _entry(path: str, i: int, e) -> FREntry:
     dur = e.get("duration_ms")
     if dur is not None and (not isinstance(dur, (int, float)) or isinstance(dur, bool) or not dur >= 0):
         raise TraceError(path, f"entry {i}: duration_ms is {dur!r:.40}, not a duration")
+    tmo = e.get("timeout_ms")
+    tmo = tmo / 1e3 if isinstance(tmo, (int, float)) and not isinstance(tmo, bool) and tmo > 0 else None
     dtypes = e.get("input_dtypes") or e.get("output_dtypes") or []
     return FREntry(pg=pg[0], desc=pg[1], seq=seq, p2p=p2p, op=name, coll=coll,
                    in_nelems=_nelems(path, i, e.get("input_sizes")),
                    out_nelems=_nelems(path, i, e.get("output_sizes")),
                    dtype_bytes=dtype_bytes(dtypes[0]) if isinstance(dtypes, list) and dtypes else 0,
                    state=str(e.get("state", "")), created_ns=created, completed_ns=done or None,
-                   duration_s=None if dur is None else dur / 1e3)
+                   duration_s=None if dur is None else dur / 1e3, timeout_s=tmo)

@@ -14,6 +14,7 @@ import time
 import psutil
 
 from diag.analysis.flightrec import flight_record
+from diag.report.frfmt import fr_lines
 from trainer.test_faults import ROOT, _child_with_rank
 
 
@@ -72,6 +73,9 @@ def test_stalled_rank_is_named_from_signal_dumps(tmp_path):
         assert g.next_seq == len(done) + 1 and g.last_common_seq == len(done)
         assert g.next_op == first_of_step["op"] and g.next_bytes == first_of_step["bytes"]
         assert f"rank 1 never entered all_reduce #{len(done) + 1}" in g.verdict
+        # SIGUSR1 2 s into a 300 s stall (timeout 300 s): a snapshot, ranks in flight; SIGTERM's: a hang
+        assert fr.verdict_kind == ("snapshot" if folder.name == "usr1" else "hang"), (fr.taken, fr.longest_wait_s)
+        assert fr.taken.startswith("SIGUSR1 at " if folder.name == "usr1" else "SIGTERM at "), fr.taken
     text = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(out)], cwd=ROOT,
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert f"hang: dp group [0, 1]: rank 1 never entered all_reduce #{len(done) + 1}" in text.stdout, text
@@ -136,6 +140,9 @@ def test_sigusr1_dumps_mid_run_and_training_goes_on(tmp_path):
     end, _ = flight_record(str(out))
     dp_mid, dp_end = ([g for g in fr.groups if g.axis == "dp"][0] for fr in (mid, end))
     assert not end.hangs          # (the SIGUSR1 snapshot may catch rank 1 waiting for the slowed rank 0)
+    assert mid.taken.startswith("SIGUSR1 at ") and end.taken.startswith("end at ")
+    assert mid.verdict_kind == "snapshot" or not mid.hangs          # never read as a hang
+    assert not any(line.startswith("hang") for line in fr_lines(mid)), fr_lines(mid)
     assert 0 < dp_mid.last_common_seq < dp_end.last_common_seq
     assert dp_end.last_common_seq == len([c for c in _comm(out, 0) if c["axis"] == "dp"])
 
