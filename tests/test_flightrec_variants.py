@@ -501,7 +501,7 @@ def test_dumps_taken_on_request_with_short_waits_are_a_snapshot_not_a_hang(tmp_p
     fr, _ = flight_record(str(_write(tmp_path / "comm_traces", _taken(_job(), "SIGUSR1", T0 + 2_000_000_000), "json")))
     lines = fr_lines(fr)
     assert fr.verdict_kind == "snapshot" and fr.taken == f"SIGUSR1 at {CLOCK} UTC"
-    assert lines[2].startswith(f"snapshot (SIGUSR1 at {CLOCK} UTC): in flight, not a hang: ranks mid-collective "
+    assert lines[2].startswith(f"snapshot (SIGUSR1 at {CLOCK} UTC): in flight, not a hang yet: ranks mid-collective "
                                "when the dumps were taken; the longest wait 1.9 s, under the process group timeout 600.0 s")
     assert "in flight: dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits in it since " \
         in " | ".join(lines)

@@ -35,8 +35,8 @@ def verdict_head(fr) -> list[str]:
             + (" (to the buffers' last entry: no dump time recorded)" if fr.wait_is_lower_bound else ""))
     tmo = f"the process group timeout {_secs(fr.timeout_s)}" if fr.timeout_s else "no timeout recorded"
     if fr.verdict_kind == "snapshot":
-        return [f"snapshot ({fr.taken}): in flight, not a hang: ranks mid-collective when the dumps were taken; "
-                f"{wait}, under {tmo}"]
+        return [f"snapshot ({fr.taken}): in flight, not a hang yet: ranks mid-collective when the dumps were taken; "
+                f"{wait}, under {tmo} (waits that outlast it are a hang: dump again)"]
     if fr.verdict_kind == "waiting":
         return [f"ranks waiting when the dumps were taken (no dump reason recorded): {wait}, under {tmo}; "
                 "a hang only if they stay there"]
