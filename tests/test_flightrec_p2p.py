@@ -49,7 +49,7 @@ def test_a_send_with_no_matching_recv_names_the_rank_that_never_posted_it(tmp_pa
     (x,) = fr.p2p
     assert (x.src, x.dst, x.posted, x.absent, x.op, x.seq, x.bytes, x.matched) == (0, 1, 0, 1, "send", 12, 2 * MIB, 11)
     assert x.verdict.startswith("pp group [0, 1]: rank 1 never entered the recv matching rank 0's send #12 (2 MiB; "
-                                "11 earlier sends of rank 0 to rank 1 matched); rank 0 waits in it since ")
+                                "11 earlier transfers rank 0 -> rank 1 matched); rank 0 waits in it since ")
     lines = fr_lines(fr)
     assert any(line.startswith("hang: the others wait for rank 1, which waits in no collective") for line in lines), lines
     assert any(line.startswith("hang: pp group [0, 1]: rank 1 never entered the recv matching rank 0's send #12")
@@ -66,3 +66,18 @@ def test_a_peer_stuck_elsewhere_is_named_as_waiting_there(tmp_path):
     (g,) = [g for g in fr.groups if g.axis == "world"]
     assert g.missing == [0] and g.verdict.endswith("; rank 0 itself waits in its send #12 (rank 0 to rank 1)")
     assert fr.cause == []
+
+
+def test_a_recv_with_no_matching_send_names_the_sender(tmp_path):
+    """The other way round: rank 1 posted recv #12, rank 0 sent only 11 and waits in nothing."""
+    folder = _write(tmp_path / "comm_traces", False)
+    r0, r1 = (json.loads((folder / f"rank_{r}.json").read_text()) for r in (0, 1))
+    r0["entries"], r1["entries"] = r0["entries"][:11], r1["entries"] + [
+        _e("1", 40, 1, "nccl:recv 1<-0", p2p_seq=12, state="started")]
+    for r, raw in ((0, r0), (1, r1)):
+        (folder / f"rank_{r}.json").write_text(json.dumps(raw))
+    fr, _ = flight_record(str(folder))
+    (x,) = fr.p2p
+    assert (x.posted, x.absent, x.op, x.seq) == (1, 0, "recv", 12) and fr.cause == [0]
+    assert x.verdict.startswith("pp group [0, 1]: rank 0 never entered the send matching rank 1's recv #12 (2 MiB; "
+                                "11 earlier transfers rank 0 -> rank 1 matched); rank 1 waits in it since ")

@@ -158,7 +158,7 @@ def _p2p_verdicts(pairs, groups) -> None:
         other = "recv" if x.op == "send" else "send"
         label = group_label(x.axis, x.desc, x.pg, x.ranks) if x.ranks else f"pg {x.pg}"
         x.verdict = (f"{label}: rank {x.absent} never entered the {other} matching rank {x.posted}'s {x.op} #{x.seq} "
-                     f"({size_words(x.bytes)}; {x.matched} earlier {x.op}s of rank {x.src} to rank {x.dst} matched); "
+                     f"({size_words(x.bytes)}; {x.matched} earlier transfers rank {x.src} -> rank {x.dst} matched); "
                      + (f"rank {x.posted} waits in it since {_clock(x.since_ns)} UTC" if x.waiting else
                         f"rank {x.posted}'s {x.op} completed (entered {_clock(x.since_ns)} UTC): nobody waits in it"))
         if x.absent in inside:

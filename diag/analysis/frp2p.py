@@ -73,9 +73,9 @@ def match_p2p(dumps: list[FRDump], groups: dict, grid, bytes_of) -> tuple[list[F
             continue
         desc, members = groups.get(pg, ("", []))
         if len(s) > len(r):
-            e, posted, absent, theirs, ours = s[len(r)], src, dst, "recv", "send"
+            e, posted, absent, ours = s[len(r)], src, dst, "send"
         else:
-            e, posted, absent, theirs, ours = r[len(s)], dst, src, "send", "recv"
+            e, posted, absent, ours = r[len(s)], dst, src, "recv"
         waits = not (posted in tracked and e.state == "completed")
         axis = axis_name(grid.axis_of(group_key(members))) if members and len(members) > 1 else "unknown"
         if desc == "default_pg":
