@@ -533,3 +533,15 @@ def test_a_healthy_snapshot_says_when_it_was_taken(tmp_path):
                                      "json")))
     assert fr_lines(fr)[2] == ("no hang: in every group, every dumped member entered the same last collective "
                                f"(dumps taken end at {CLOCK} UTC)")
+
+
+def test_dumps_without_names_take_the_traces_layout(tmp_path):
+    """Traces beside the dumps name the groups (their pg_config): the dumps' groups, undescribed, are
+    named by that same layout (what open_run hands over), not guessed."""
+    from diag.analysis.layoutfind import find_layout
+
+    configs = [[[g, d, m] for g, (d, m) in GROUPS.items() if r in m] for r in range(4)]
+    grid = find_layout(configs, 4)
+    fr, _ = flight_record(str(_undescribed(tmp_path)), job_grid=grid)
+    assert fr.layout == "dp2 × tp2, from process-group names (the traces' layout)"
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")

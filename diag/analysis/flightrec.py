@@ -52,7 +52,7 @@ def _newest(d: FRDump) -> tuple:
 
 
 def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None, sizes: Optional[dict] = None,
-                  config_path: Optional[str] = None) -> FlightRecord:
+                  config_path: Optional[str] = None, job_grid=None) -> FlightRecord:
     """`meta`: the run's facts (diag_run.json, runmeta.given): its world size where the dumps cannot
     give it, and its axis sizes to name groups the dumps' descriptions do not. `sizes` (--tp/--pp ...)
     and `config_path` (--config): the layout as the user gives it, resolved by the same layoutfind
@@ -71,11 +71,16 @@ def analyse_dumps(dumps: list[FRDump], meta: Optional[dict] = None, sizes: Optio
             world, known = cw, True
     groups = group_members(dumps, world)
     grid = name_axes(dumps, groups, meta, sizes, config)
+    grid_words = grid.describe()
+    if grid.layout is None and job_grid is not None and job_grid.layout is not None \
+            and (world is None or job_grid.layout.world_size >= world):
+        grid = job_grid            # the traces beside the dumps settled the layout: the same one names the groups
+        grid_words = f"{job_grid.describe()} (the traces' layout)"
     times = [e.created_ns for d in dumps for e in d.entries]
     ranks = sorted(d.rank for d in dumps)
     fr = FlightRecord(files=[d.path for d in dumps], ranks=ranks,
                       entries=len(times), first_ns=min(times, default=None), last_ns=max(times, default=None),
-                      layout=grid.describe(), world_size=world, world_known=known,
+                      layout=grid_words, world_size=world, world_known=known,
                       undumped=[r for r in range(world or 0) if r not in set(ranks)])
     groups, guessed = complete_members(groups, inferred_groups(dumps), grid)   # gloo: members from the layout
     fr.groups = hang_groups(dumps, groups, grid, fr.undumped, guessed)
@@ -197,11 +202,12 @@ def _beside_undumped(rank: int, groups) -> str:
 
 
 def flight_record(path: str, strict: bool = False, sizes: Optional[dict] = None,
-                  config_path: Optional[str] = None) -> tuple[Optional[FlightRecord], list[Problem]]:
+                  config_path: Optional[str] = None, job_grid=None) -> tuple[Optional[FlightRecord], list[Problem]]:
     """(the analysis, or None when `path` holds no dump; the dumps that could not be read).
-    `sizes`, `config_path`: the layout given on the command line (runinputs.RunInputs)."""
+    `sizes`, `config_path`: the layout given on the command line (runinputs.RunInputs); `job_grid`:
+    the traces' layout (layoutfind.JobLayout), used where the dumps and the sizes given name none."""
     dumps, problems, notes = read_dumps(path, strict)
-    fr = analyse_dumps(dumps, _run_facts(path), sizes, config_path) if dumps else None
+    fr = analyse_dumps(dumps, _run_facts(path), sizes, config_path, job_grid) if dumps else None
     if fr is not None:
         fr.notes += notes
     return fr, problems
