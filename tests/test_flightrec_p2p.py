@@ -81,3 +81,32 @@ def test_a_recv_with_no_matching_send_names_the_sender(tmp_path):
     assert (x.posted, x.absent, x.op, x.seq) == (1, 0, "recv", 12) and fr.cause == [0]
     assert x.verdict.startswith("pp group [0, 1]: rank 0 never entered the send matching rank 1's recv #12 (2 MiB; "
                                 "11 earlier transfers rank 0 -> rank 1 matched); rank 1 waits in it since ")
+
+
+def test_a_batch_of_sends_and_recvs_is_matched_op_by_op(tmp_path):
+    """batch_isend_irecv (Megatron's pipeline exchange): a send and a recv sharing one p2p_seq_id and
+    a closing `nccl:coalesced`, on each side. Rank 1's last batch holds only its send: its recv from
+    rank 0 of that batch is never posted, and rank 0's send waits."""
+    folder = tmp_path / "comm_traces"
+    folder.mkdir()
+    ents = {0: [], 1: []}
+    k = 0
+    for i in range(1, 4):
+        for r in (0, 1):
+            peer = 1 - r
+            ops = [f"nccl:send {r}->{peer}", f"nccl:recv {r}<-{peer}"]
+            if i == 3 and r == 1:
+                ops = ops[:1]
+            last = i == 3
+            for op in ops + ["nccl:coalesced"]:
+                k += 1
+                ents[r].append(_e("1", k, r, op, p2p_seq=i, state="started" if last else "completed"))
+                ents[r][-1]["is_p2p"] = True
+    for r, es in ents.items():
+        raw = {"version": "2.10", "pg_config": {g: {"name": g, "desc": d, "ranks": str(m)} for g, (d, m) in GROUPS.items()},
+               "pg_status": {}, "entries": es}
+        (folder / f"rank_{r}.json").write_text(json.dumps(raw))
+    fr, _ = flight_record(str(folder))
+    (x,) = fr.p2p
+    assert (x.src, x.dst, x.posted, x.absent, x.op, x.seq, x.matched) == (0, 1, 0, 1, "send", 3, 2)
+    assert not any("not matched" in n for n in fr.notes), fr.notes

@@ -52,6 +52,8 @@ def match_p2p(dumps: list[FRDump], groups: dict, grid, bytes_of) -> tuple[list[F
     for d in dumps:
         for e in sorted((e for e in d.entries if e.p2p), key=lambda e: e.created_ns):
             desc, members = groups.get(e.pg, (e.desc, []))
+            if e.op.split(":")[-1].split(" ")[0] == "coalesced":
+                continue             # a batch's closing entry: its ops are entries of their own
             p = peers(e, members, desc == "default_pg")
             if p is None or d.rank not in (p[1], p[2]):
                 unread += 1

@@ -144,10 +144,14 @@ def fold_coalesced(entries: list[FREntry]) -> list[FREntry]:
     """One entry per coalesced collective: it is recorded as its parts and a closing `coalesced` entry,
     one after another in their group, all with one collective_seq_id (fr_trace treats them as one). The
     fold: the parts' op when they agree (else 'coalesced'), their elements summed, the closing
-    entry's state, completion and duration, the first part's entry time."""
+    entry's state, completion and duration, the first part's entry time. Point-to-point entries are
+    never folded: each send/recv of a batch is matched with its peer's (analysis.frp2p)."""
     last: dict = {}              # pg -> index of its latest group: parts follow one another in their pg
     out: list = []
     for e in entries:
+        if e.p2p:                # a batch of sends/recvs (batch_isend_irecv) stays its ops: each is matched with its peer
+            out.append([e])
+            continue
         i = last.get(e.pg)
         if i is not None and (out[i][0].p2p, out[i][0].seq) == (e.p2p, e.seq):
             out[i].append(e)
