@@ -40,9 +40,10 @@ def verdict_head(fr) -> list[str]:
     if fr.verdict_kind == "waiting":
         return [f"ranks waiting when the dumps were taken (no dump reason recorded): {wait}, under {tmo}; "
                 "a hang only if they stay there"]
-    if fr.taken:
-        return [f"hang: dumps taken {fr.taken}; {wait}, {tmo}"]
-    return [f"hang: no dump reason recorded; {wait}, {tmo}"]
+    why = f"dumps taken {fr.taken}" if fr.taken else "no dump reason recorded"
+    if fr.longest_wait_s is None:          # nobody waits (ops or sizes that differ): no wait to judge
+        return [f"hang: {why}"]
+    return [f"hang: {why}; {wait}, {tmo}"]
 
 
 def hang_lines(fr) -> list[str]:
