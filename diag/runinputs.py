@@ -97,7 +97,8 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     from .analysis.flightrec import dumps_only, flight_record
     from .trace.errors import TraceError
 
-    fr, fr_problems = flight_record(path, inputs.strict)      # Flight Recorder dumps, alone or beside traces
+    # Flight Recorder dumps, alone or beside traces; their groups named by the layout given as for the traces
+    fr, fr_problems = flight_record(path, inputs.strict, inputs.sizes, inputs.config)
     try:
         job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
                              use_summaries=inputs.use_summaries, iteration=inputs.iteration)
@@ -114,6 +115,11 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
         config = load_config(inputs.config, world_size=job.world_size)
     d = diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
                  shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+    if fr is not None and not fr.layout and d.layout:
+        # the dumps name no axis, the traces do: one layout for both (layoutfind, as diagnose resolved it)
+        from .analysis.diagnose import job_layout, summaries_of
+        grid = job_layout(job, summaries_of(job, inputs.top), inputs.sizes, config)
+        fr, fr_problems = flight_record(path, inputs.strict, inputs.sizes, inputs.config, grid)
     d.flight_recorder, d.problems = fr, d.problems + fr_problems
     from .advise.recommend import with_advice     # after the analysis: the layers run one way
     return with_advice(d), job

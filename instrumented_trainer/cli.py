@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from instrumented_trainer.config import (RECOMPUTE, SCHEDULES, SHARDING, JobConfig, ModelConfig, ParallelConfig,
+from instrumented_trainer.config import (FR_DEFAULT_ENTRIES, RECOMPUTE, SCHEDULES, SHARDING, JobConfig, ModelConfig, ParallelConfig,
                                          RuntimeConfig, TelemetryConfig, TrainConfig)
 
 
@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="`job` label of the live metrics (default: the --out directory's name)")
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="dense peak TFLOP/s per device for live MFU (default: device table)")
-    g.add_argument("--flight-recorder-entries", type=int, default=2000,
+    g.add_argument("--flight-recorder-entries", type=int, default=None,
                    help="collectives kept in PyTorch's Flight Recorder, dumped per rank into OUT/flightrec on a "
-                        "timeout or failure, SIGUSR1/SIGTERM and at the end (0: off)")
+                        "timeout or failure, SIGUSR1/SIGTERM and at the end (0: off; given, it wins over "
+                        "TORCH_FR_BUFFER_SIZE; default: TORCH_FR_BUFFER_SIZE where set, else 2000)")
     g.add_argument("--fault-stall", default="", metavar="RANK:STEP:SECONDS",
                    help="fault injection: RANK sleeps SECONDS once before STEP (a hang past --dist-timeout)")
     g.add_argument("--fault-slow", default="", metavar="RANK:STEP:SECONDS",
@@ -146,12 +147,27 @@ def job_from_args(args: argparse.Namespace, world_size: int, command: list[str])
                                   prometheus_addr=args.prometheus_addr,
                                   prometheus_job=args.prometheus_job,
                                   peak_tflops=args.peak_tflops,
-                                  flight_recorder_entries=args.flight_recorder_entries),
+                                  **dict(zip(("flight_recorder_entries", "flight_recorder_source"),
+                                             fr_entries(args.flight_recorder_entries, os.environ)))),
         runtime=RuntimeConfig(device=args.device, dtype=args.dtype,
                               dist_timeout=args.dist_timeout, fault_stall=args.fault_stall,
                               fault_slow=args.fault_slow),
         command=command,
     )
+
+
+def fr_entries(flag: int | None, env) -> tuple[int, str]:
+    """(Flight Recorder entries, where the number came from): the flag wins; else the environment's
+    TORCH_FR_BUFFER_SIZE (a launcher's or a cluster's setting); else the trainer's default."""
+    if flag is not None:
+        return flag, "--flight-recorder-entries"
+    raw = env.get("TORCH_FR_BUFFER_SIZE", "").strip()
+    if raw:
+        try:
+            return int(raw), "TORCH_FR_BUFFER_SIZE"
+        except ValueError:
+            raise ValueError(f"TORCH_FR_BUFFER_SIZE={raw!r} is not a number of entries") from None
+    return FR_DEFAULT_ENTRIES, "default"
 
 
 def command_line(argv: list[str]) -> list[str]:
@@ -184,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from instrumented_trainer.telemetry.flight_recorder import FlightRecorder  # noqa: PLC0415
     from instrumented_trainer.train import train  # noqa: PLC0415 - torch only in workers
 
-    with FlightRecorder(job.telemetry.out, job.telemetry.flight_recorder_entries):  # on before the group exists
+    with FlightRecorder(job.telemetry.out, job.telemetry.flight_recorder_entries,
+                        job.telemetry.flight_recorder_source):  # on before the group exists
         train(job)
     return 0

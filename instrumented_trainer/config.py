@@ -62,6 +62,7 @@ FSDP_SHARDING = ("optim_grads", "optim_grads_params")
 # Megatron-LM's --recompute-granularity: `full` recomputes each transformer layer in backward,
 # `selective` only the core attention (QK^T, softmax, xV), whose activations are the largest.
 RECOMPUTE = ("none", "full", "selective")
+FR_DEFAULT_ENTRIES = 2000  # the Flight Recorder's entries when neither --flight-recorder-entries nor TORCH_FR_BUFFER_SIZE says
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +235,8 @@ class TelemetryConfig:
     prometheus_addr: str = "127.0.0.1"  # bind address: loopback unless asked otherwise
     prometheus_job: str = ""  # the `job` label; empty: the --out directory's name
     peak_tflops: float | None = None  # dense peak per device for live MFU; None: device table
-    flight_recorder_entries: int = 2000  # PyTorch Flight Recorder ring buffer (0: off); dumped to out/flightrec
+    flight_recorder_entries: int = FR_DEFAULT_ENTRIES  # PyTorch Flight Recorder ring buffer (0: off); dumped to out/flightrec
+    flight_recorder_source: str = "default"  # where the number came from: --flight-recorder-entries | TORCH_FR_BUFFER_SIZE | default
 
     def __post_init__(self) -> None:
         if not 0 <= self.prometheus_port < 65536:

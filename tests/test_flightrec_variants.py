@@ -377,7 +377,7 @@ def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
     _write(tmp_path / "flightrec", raw, "json")
     fr, problems = flight_record(str(tmp_path))
     assert not problems and fr.undumped == [3] and fr.cause == [] and fr.layout.startswith("dp2 × tp2")
-    assert "hang: the others wait" not in " ".join(fr_lines(fr))
+    assert ": the others wait for" not in " ".join(fr_lines(fr))
     assert _v(fr, [0, 2]).startswith("dp group [0, 2]: rank 2 never entered all_reduce #6 (1 MiB); rank 0 waits")
     # the layout completes the TP group the gloo dumps name for rank 2 alone: rank 3 is its member
     (tp,) = [g for g in fr.groups if g.axis == "tp" and 2 in g.ranks]
@@ -409,7 +409,8 @@ def test_html_report_opens_with_the_hang(tmp_path):
     folder = _write(tmp_path / "comm_traces", _job())
     fr, problems = flight_record(str(tmp_path))
     page = render_html(dumps_only(str(tmp_path), fr, problems))
-    line = "hang: dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits in it since "
+    # torch's dumps say neither why nor when: waits under the entries' 600 s timeout are "waiting"
+    line = "waiting: dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits in it since "
     assert f"<p class='straggler'>{line}" in page and folder.exists()
     assert page.index("<h2 id='flightrec'>") < page.index("<h2 id='overview'>")
     assert "<th>busbw</th>" in page and "<td>dp:all_reduce</td>" in page
@@ -428,7 +429,8 @@ def test_a_cause_beside_a_rank_without_a_dump_says_so(tmp_path):
     assert fr.cause == [3] and fr.undumped == [1]
     assert fr.cause_last[0].startswith("all_reduce #5 of dp group [1, 3], entered ")
     assert fr.cause_last[0].endswith("; it shares dp group [1, 3] with rank 1, which left no dump")
-    assert fr_lines(fr)[3].startswith("hang: the others wait for rank 3, which waits in no collective (latest entry: ")
+    assert fr_lines(fr)[3].startswith("ranks waiting when the dumps were taken (no dump reason recorded)")
+    assert fr_lines(fr)[4].startswith("waiting: the others wait for rank 3, which waits in no collective (latest entry: ")
 
 
 @pytest.mark.parametrize("cut,problem", [
@@ -444,3 +446,102 @@ def test_a_bad_pickle_beside_good_ones_is_one_problem(tmp_path, cut, problem):
     fr, problems = flight_record(str(tmp_path))
     assert [(p.file, p.problem) for p in problems] == [(str(bad), problem)]
     assert fr.ranks == [0, 1, 3] and fr.undumped == [2]
+
+
+def _undescribed(tmp_path):
+    raw = _job()
+    for d in raw.values():
+        d.pop("pg_config")
+        for e in d["entries"]:
+            e["process_group"] = [e["process_group"][0], "undefined"]
+    return _write(tmp_path / "dumps", raw, "json")
+
+
+def test_a_foreign_dump_set_is_named_by_the_layout_given_on_the_command_line(tmp_path):
+    """No description, no diag_run.json: `--tp 2` (Megatron rank order, tp fastest) names the groups
+    tp/dp, through the same layout resolution as the traces', and the report says so."""
+    import os
+    import subprocess
+    import sys
+
+    folder = _undescribed(tmp_path)
+    fr, _ = flight_record(str(folder), sizes={"tp": 2})
+    assert fr.layout == "dp2 × tp2, from --tp (Megatron rank order)"
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
+    assert _v(fr, [2, 3]).startswith("tp group [2, 3]: rank 3 never entered all_reduce #6 (1 MiB)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for flags in (["--tp", "2"], ["--config", str(_megatron_args(tmp_path))]):
+        out = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(folder), *flags], capture_output=True,
+                             text=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+        assert "Groups named by: dp2 × tp2, from " in out.stdout, out
+        assert "dp group [1, 3]: rank 3 never entered all_reduce #6" in out.stdout, out.stdout
+    bare, _ = flight_record(str(folder))           # nothing given: named by ranks, never a guessed axis
+    assert _v(bare, [1, 3]).startswith("group [1, 3] (pg 4, axis unknown)")
+
+
+def _megatron_args(tmp_path):
+    p = tmp_path / "args.sh"
+    p.write_text("torchrun --nproc-per-node 4 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                 "--pipeline-model-parallel-size 1 --num-layers 2 --hidden-size 64 --num-attention-heads 4\n")
+    return p
+
+
+def _taken(raw: dict, why, at_ns, ranks=None) -> dict:
+    for r, d in raw.items():
+        if ranks is None or r in ranks:
+            d["diag_dump"] = {"reason": why, "time_ns": at_ns, "buffer_size": 2000, "buffer_size_from": "default"}
+    return raw
+
+
+CLOCK = time.strftime("%H:%M:%S", time.gmtime((T0 + 2_000_000_000) / 1e9))
+
+
+def test_dumps_taken_on_request_with_short_waits_are_a_snapshot_not_a_hang(tmp_path):
+    """The trainer's SIGUSR1 dumps, 2 s after rank 1 entered DP #6 (timeout 600 s): ranks in flight."""
+    fr, _ = flight_record(str(_write(tmp_path / "comm_traces", _taken(_job(), "SIGUSR1", T0 + 2_000_000_000), "json")))
+    lines = fr_lines(fr)
+    assert fr.verdict_kind == "snapshot" and fr.taken == f"SIGUSR1 at {CLOCK} UTC"
+    assert lines[2].startswith(f"snapshot (SIGUSR1 at {CLOCK} UTC): in flight, not a hang yet: ranks mid-collective "
+                               "when the dumps were taken; the longest wait 1.9 s, under the process group timeout 600.0 s")
+    assert "in flight: dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB); rank 1 waits in it since " \
+        in " | ".join(lines)
+    assert not any(line.startswith("hang") for line in lines), lines
+
+
+@pytest.mark.parametrize("why,at_s", [("SIGUSR1", 700), ("end", 700), ("failure", 2), ("SIGTERM", 2)])
+def test_a_wait_past_the_timeout_or_a_failure_dump_is_still_a_hang(tmp_path, why, at_s):
+    fr, _ = flight_record(str(_write(tmp_path / "comm_traces", _taken(_job(), why, T0 + at_s * 1_000_000_000), "json")))
+    lines = fr_lines(fr)
+    assert fr.verdict_kind == "hang" and lines[2].startswith(f"hang: dumps taken {why} at "), lines
+    assert any(line.startswith("hang: dp group [1, 3]: rank 3 never entered all_reduce #6") for line in lines)
+
+
+def test_foreign_dumps_without_a_timeout_say_the_wait_and_keep_the_hang(tmp_path):
+    raw = _job()
+    for d in raw.values():
+        for e in d["entries"]:
+            e.pop("timeout_ms")
+    fr, _ = flight_record(str(_write(tmp_path / "comm_traces", raw)))
+    lines = fr_lines(fr)
+    assert fr.verdict_kind == "hang" and fr.taken is None
+    assert lines[2].startswith("hang: no dump reason recorded; the longest wait at least 0.0 s (to the buffers' last "
+                               "entry: no dump time recorded), no timeout recorded"), lines
+
+
+def test_a_healthy_snapshot_says_when_it_was_taken(tmp_path):
+    fr, _ = flight_record(str(_write(tmp_path / "comm_traces", _taken(_job(skip=False), "end", T0 + 2_000_000_000),
+                                     "json")))
+    assert fr_lines(fr)[2] == ("no hang: in every group, every dumped member entered the same last collective "
+                               f"(dumps taken end at {CLOCK} UTC)")
+
+
+def test_dumps_without_names_take_the_traces_layout(tmp_path):
+    """Traces beside the dumps name the groups (their pg_config): the dumps' groups, undescribed, are
+    named by that same layout (what open_run hands over), not guessed."""
+    from diag.analysis.layoutfind import find_layout
+
+    configs = [[[g, d, m] for g, (d, m) in GROUPS.items() if r in m] for r in range(4)]
+    grid = find_layout(configs, 4)
+    fr, _ = flight_record(str(_undescribed(tmp_path)), job_grid=grid)
+    assert fr.layout == "dp2 × tp2, from process-group names (the traces' layout)"
+    assert _v(fr, [1, 3]).startswith("dp group [1, 3]: rank 3 never entered all_reduce #6 (1 MiB)")

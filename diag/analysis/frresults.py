@@ -43,6 +43,34 @@ class FRGroup:
 
 
 @dataclass
+class FRP2P:
+    """A point-to-point pair (group, sender, receiver) whose sends and recvs do not match: one side
+    posted an op the other never entered (matched in order per pair, as fr_trace does)."""
+
+    pg: str
+    desc: str
+    axis: str                         # the group's axis (pp, ...), "world" or "unknown"
+    ranks: list[int]                  # the group's members ([] unknown)
+    src: int                          # sender (global rank)
+    dst: int                          # receiver
+    posted: int                       # the rank that entered the unmatched op
+    absent: int                       # the peer that never entered its match
+    op: str                           # send | recv: the op `posted` entered
+    seq: int                          # its p2p_seq_id (per rank and group, every p2p op counted)
+    bytes: Optional[int]
+    since_ns: int                     # when `posted` entered it
+    state: str
+    waiting: list[FRWaiter] = field(default_factory=list)  # `posted`, unless its dump says the op completed
+    matched: int = 0                  # the pair's ops matched before it
+    blocked: bool = False             # `absent` itself waits in another collective or p2p op
+    verdict: str = ""
+
+    @property
+    def stuck(self) -> bool:
+        return True
+
+
+@dataclass
 class FROpTiming:
     """One axis × collective over the whole buffer, instances matched across their group."""
 
@@ -83,6 +111,7 @@ class FlightRecord:
     undumped: list[int] = field(default_factory=list)     # ranks below world_size without a readable dump
     backend: Optional[str] = None     # nccl / gloo, from the entries' profiling names
     groups: list[FRGroup] = field(default_factory=list)   # the cause first, then the groups stuck behind it
+    p2p: list[FRP2P] = field(default_factory=list)        # unmatched point-to-point pairs
     cause: list[int] = field(default_factory=list)        # ranks others wait for that wait for nobody
     cause_last: list[str] = field(default_factory=list)   # each cause rank's latest entry, in words
     timings: list[FROpTiming] = field(default_factory=list)
@@ -91,7 +120,18 @@ class FlightRecord:
     late_unknown: Optional[str] = None
     late_window_s: Optional[float] = None   # the windows' length (the buffer after each group's first collective / 8)
     notes: list[str] = field(default_factory=list)
+    # why and when the dumps were taken (the trainer records it; torch's own dumps do not)
+    taken: Optional[str] = None       # 'SIGUSR1 at 04:13:52 UTC', 'end at ...', 'failure at ... (rank 0), SIGTERM ...'
+    verdict_kind: str = "hang"        # hang | snapshot (on request or at the end, waits under the timeout) |
+                                      # waiting (no reason recorded, waits under the timeout)
+    longest_wait_s: Optional[float] = None   # the longest a waiting rank had waited when its dump was taken
+    wait_is_lower_bound: bool = False        # ... measured to the buffers' last entry (no dump time recorded)
+    timeout_s: Optional[float] = None        # the process groups' timeout the waited entries record
 
     @property
-    def hangs(self) -> list[FRGroup]:
-        return [g for g in self.groups if g.stuck]
+    def hangs(self) -> list:
+        """The stuck groups and the unmatched point-to-point pairs, each with its verdict."""
+        stuck = [g for g in self.groups if g.stuck]
+        pairs = sorted(self.p2p, key=lambda x: (x.blocked, not x.waiting))
+        return [g for g in stuck if g.missing and not g.blocked] + [x for x in pairs if not x.blocked] \
+            + [g for g in stuck if not (g.missing and not g.blocked)] + [x for x in pairs if x.blocked]

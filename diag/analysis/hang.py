@@ -92,9 +92,10 @@ def world_size(dumps: list[FRDump]) -> tuple[Optional[int], bool]:
     return top + 1, bool(config)      # NCCL's pg_config lists every group of the rank, the default one too
 
 
-def name_axes(dumps: list[FRDump], groups: dict, meta: Optional[dict] = None) -> JobLayout:
+def name_axes(dumps: list[FRDump], groups: dict, meta: Optional[dict] = None, sizes: Optional[dict] = None,
+              config: Optional[dict] = None) -> JobLayout:
     """The layout from the groups' descriptions (layoutfind, as for a trace's pg_config), else from
-    the run's axis sizes (diag_run.json)."""
+    the sizes given (flags, then a framework config file, then diag_run.json): layoutfind's one order."""
     per_rank: dict[int, list] = defaultdict(list)
     for name, (desc, ranks) in groups.items():
         for r in ranks:
@@ -105,9 +106,11 @@ def name_axes(dumps: list[FRDump], groups: dict, meta: Optional[dict] = None) ->
         world = hint                       # the dumps of the last ranks may be missing
     configs = [per_rank[r] for r in sorted(per_rank)]
     try:
-        return find_layout(configs, world, meta=meta)
-    except ValueError:                     # sizes that do not fit the world: the dumps' names alone
-        return find_layout(configs, world)
+        return find_layout(configs, world, flags=sizes, config=config, meta=meta)
+    except ValueError as e:                # sizes that do not fit the world: the dumps' names alone
+        grid = find_layout(configs, world)
+        grid.notes.append(f"the layout's sizes do not fit the dumps ({e}): groups named by their descriptions alone")
+        return grid
 
 
 def entry_bytes(e: FREntry, n: int) -> Optional[int]:
@@ -283,8 +286,10 @@ def hang_groups(dumps: list[FRDump], groups: dict, grid: JobLayout, absent: list
                                       len(g.ranks)))
 
 
-def cause_ranks(groups: list[FRGroup]) -> list[int]:
-    """Ranks some group waits for that wait in no collective themselves: where to look first (not one
-    that may wait beside a rank without a dump: its state is not known)."""
-    waiting = {w.rank for g in groups for w in g.waiting + g.maybe_waiting}
-    return sorted({r for g in groups for r in g.missing} - waiting)
+def cause_ranks(groups: list[FRGroup], p2p: list = ()) -> list[int]:
+    """Ranks some group (or a peer's unmatched send/recv) waits for that wait in no collective or
+    point-to-point op themselves: where to look first (not one that may wait beside a rank without a
+    dump: its state is not known)."""
+    waiting = {w.rank for g in groups for w in g.waiting + g.maybe_waiting} | {w.rank for x in p2p for w in x.waiting}
+    wanted = {r for g in groups for r in g.missing} | {x.absent for x in p2p if x.waiting}
+    return sorted(wanted - waiting)

@@ -24,16 +24,40 @@ def fr_headline(fr) -> list[str]:
             f"{'it' if len(fr.undumped) == 1 else 'them'}"] if fr.undumped else [])
 
 
+def _secs(s) -> str:
+    return f"{s:,.1f} s" if s is not None else "unknown"
+
+
+def verdict_head(fr) -> list[str]:
+    """What the stuck lines are: a hang, a snapshot of ranks in flight, or ranks waiting when the
+    dumps were taken (analysis.flightrec._judge), with the wait and the timeout it is judged by."""
+    wait = (f"the longest wait {'at least ' if fr.wait_is_lower_bound else ''}{_secs(fr.longest_wait_s)}"
+            + (" (to the buffers' last entry: no dump time recorded)" if fr.wait_is_lower_bound else ""))
+    tmo = f"the process group timeout {_secs(fr.timeout_s)}" if fr.timeout_s else "no timeout recorded"
+    if fr.verdict_kind == "snapshot":
+        return [f"snapshot ({fr.taken}): in flight, not a hang yet: ranks mid-collective when the dumps were taken; "
+                f"{wait}, under {tmo} (waits that outlast it are a hang: dump again)"]
+    if fr.verdict_kind == "waiting":
+        return [f"ranks waiting when the dumps were taken (no dump reason recorded): {wait}, under {tmo}; "
+                "a hang only if they stay there"]
+    why = f"dumps taken {fr.taken}" if fr.taken else "no dump reason recorded"
+    if fr.longest_wait_s is None:          # nobody waits (ops or sizes that differ): no wait to judge
+        return [f"hang: {why}"]
+    return [f"hang: {why}; {wait}, {tmo}"]
+
+
 def hang_lines(fr) -> list[str]:
     """The stuck groups first, one line each; 'no hang' when every group is in step."""
     stuck = fr.hangs
     if not stuck:
-        return ["no hang: in every group, every dumped member entered the same last collective"]
-    head = ([f"hang: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
+        return ["no hang: in every group, every dumped member entered the same last collective"
+                + (f" (dumps taken {fr.taken})" if fr.taken else "")]
+    word = {"snapshot": "in flight", "waiting": "waiting"}.get(fr.verdict_kind, "hang")
+    head = ([f"{word}: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
              f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"
              + (f" (latest entry: {fr.cause_last[0]})" if len(fr.cause) == 1 and fr.cause_last else "")]
             if fr.cause else [])
-    return head + [f"hang: {g.verdict}" for g in stuck]
+    return verdict_head(fr) + head + [f"{word}: {g.verdict}" for g in stuck]
 
 
 def late_lines(fr) -> list[str]:

@@ -53,6 +53,7 @@ class FREntry:
     created_ns: int                  # when the rank entered (enqueued) it, host clock
     completed_ns: Optional[int]      # None: not recorded (gloo, or timing off)
     duration_s: Optional[float]      # None: not timed (TORCH_NCCL_ENABLE_TIMING, GPU only)
+    timeout_s: Optional[float] = None  # the process group's timeout as the entry records it (timeout_ms)
 
 
 @dataclass
@@ -62,6 +63,8 @@ class FRDump:
     version: str
     groups: dict = field(default_factory=dict)    # pg name -> (desc, [ranks]) from pg_config; [] unknown
     entries: list[FREntry] = field(default_factory=list)
+    reason: Optional[str] = None     # why it was taken (the trainer's diag_dump: failure, SIGUSR1, SIGTERM, end)
+    taken_ns: Optional[int] = None   # when (host clock); None: not recorded (torch's own dumps)
 
 
 def _plain_list(items):
@@ -129,6 +132,10 @@ def read_dump(path: str) -> FRDump:
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
         raise TraceError(path, "not a Flight Recorder dump: no 'entries' list at the top")
     dump = FRDump(path, int(m.group(1)), str(raw.get("version", "")), _groups(path, raw.get("pg_config")))
+    note = raw.get("diag_dump")
+    if isinstance(note, dict):          # the trainer's: why and when (torch's readers ignore the key)
+        dump.reason = str(note["reason"]) if isinstance(note.get("reason"), str) else None
+        dump.taken_ns = note["time_ns"] if _is_int(note.get("time_ns")) and note["time_ns"] > 0 else None
     dump.entries = fold_coalesced([_entry(path, i, e) for i, e in enumerate(raw.get("entries", []))])
     return dump
 
@@ -137,10 +144,14 @@ def fold_coalesced(entries: list[FREntry]) -> list[FREntry]:
     """One entry per coalesced collective: it is recorded as its parts and a closing `coalesced` entry,
     one after another in their group, all with one collective_seq_id (fr_trace treats them as one). The
     fold: the parts' op when they agree (else 'coalesced'), their elements summed, the closing
-    entry's state, completion and duration, the first part's entry time."""
+    entry's state, completion and duration, the first part's entry time. Point-to-point entries are
+    never folded: each send/recv of a batch is matched with its peer's (analysis.frp2p)."""
     last: dict = {}              # pg -> index of its latest group: parts follow one another in their pg
     out: list = []
     for e in entries:
+        if e.p2p:                # a batch of sends/recvs (batch_isend_irecv) stays its ops: each is matched with its peer
+            out.append([e])
+            continue
         i = last.get(e.pg)
         if i is not None and (out[i][0].p2p, out[i][0].seq) == (e.p2p, e.seq):
             out[i].append(e)
@@ -165,7 +176,7 @@ def _fold(group: list[FREntry]) -> FREntry:
                    in_nelems=total([e.in_nelems for e in parts]), out_nelems=total([e.out_nelems for e in parts]),
                    dtype_bytes=parts[0].dtype_bytes if len({e.dtype_bytes for e in parts}) == 1 else 0,
                    state=last.state, created_ns=min(e.created_ns for e in group),
-                   completed_ns=last.completed_ns, duration_s=max(durs) if durs else None)
+                   completed_ns=last.completed_ns, duration_s=max(durs) if durs else None, timeout_s=last.timeout_s)
 
 
 def load_plain(path: str):
@@ -263,10 +274,12 @@ def _entry(path: str, i: int, e) -> FREntry:
     dur = e.get("duration_ms")
     if dur is not None and (not isinstance(dur, (int, float)) or isinstance(dur, bool) or not dur >= 0):
         raise TraceError(path, f"entry {i}: duration_ms is {dur!r:.40}, not a duration")
+    tmo = e.get("timeout_ms")
+    tmo = tmo / 1e3 if isinstance(tmo, (int, float)) and not isinstance(tmo, bool) and tmo > 0 else None
     dtypes = e.get("input_dtypes") or e.get("output_dtypes") or []
     return FREntry(pg=pg[0], desc=pg[1], seq=seq, p2p=p2p, op=name, coll=coll,
                    in_nelems=_nelems(path, i, e.get("input_sizes")),
                    out_nelems=_nelems(path, i, e.get("output_sizes")),
                    dtype_bytes=dtype_bytes(dtypes[0]) if isinstance(dtypes, list) and dtypes else 0,
                    state=str(e.get("state", "")), created_ns=created, completed_ns=done or None,
-                   duration_s=None if dur is None else dur / 1e3)
+                   duration_s=None if dur is None else dur / 1e3, timeout_s=tmo)

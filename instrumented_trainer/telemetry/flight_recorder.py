@@ -7,6 +7,13 @@ training starts. It dumps this rank's buffer as JSON (`_dump_fr_trace_json`) int
 `<out>/flightrec/rank-<r>.json`: when training raises (a collective timed out, a rank failed),
 on SIGUSR1 and SIGTERM (a launcher stopping a stuck job), and at the end of the run.
 
+Each dump says why and when it was taken: a top-level `diag_dump` object ({reason: failure |
+SIGUSR1 | SIGTERM | end, time_ns, buffer_size, buffer_size_from}) beside torch's own keys, which
+torch's readers (fr_trace) ignore; diag reads it to tell a snapshot of a healthy run from a hang.
+
+The buffer's size: --flight-recorder-entries when given (it overrides TORCH_FR_BUFFER_SIZE), else
+TORCH_FR_BUFFER_SIZE from the environment, else 2000; rank 0 logs which, and every dump records it.
+
 Signals: a rank stuck in a collective is blocked in C++, where a Python handler would never run;
 so the handler only wakes a dumper thread through `signal.set_wakeup_fd`, which the interpreter
 writes from its C-level handler whatever the main thread is doing. Every failure is a warning
@@ -14,10 +21,13 @@ writes from its C-level handler whatever the main thread is doing. Every failure
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 
 from instrumented_trainer.telemetry.safe import guard
 
@@ -27,8 +37,8 @@ DUMP_FOLDER = "flightrec"         # diag.trace.flightrec.DUMP_FOLDERS looks here
 class FlightRecorder:
     """Context manager around a rank's training: on, and dumped on failure, signals and exit."""
 
-    def __init__(self, out: str, entries: int) -> None:
-        self.entries = entries
+    def __init__(self, out: str, entries: int, source: str = "default") -> None:
+        self.entries, self.source = entries, source
         self.folder = os.path.join(out, DUMP_FOLDER)
         self._lock = threading.Lock()
         self._wake = None
@@ -36,7 +46,9 @@ class FlightRecorder:
     def __enter__(self) -> "FlightRecorder":
         if self.entries <= 0:
             return self
-        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(self.entries))
+        os.environ["TORCH_FR_BUFFER_SIZE"] = str(self.entries)   # resolved by cli.fr_entries: the flag wins
+        if os.environ.get("RANK", "0") == "0":
+            print(f"flight recorder: {self.entries} entries per rank (from {self.source})", file=sys.stderr, flush=True)
         # NCCL (gloo ignores these): durations, and the watchdog's own pickle dump on a timeout here too
         os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
@@ -57,12 +69,13 @@ class FlightRecorder:
             import torch  # noqa: PLC0415 - imported where training already runs
 
             data = torch._C._distributed_c10d._dump_fr_trace_json(True, False)
+            data = with_reason(data if isinstance(data, bytes) else data.encode(), why, self.entries, self.source)
             os.makedirs(self.folder, exist_ok=True)     # here, under the guard: an unwritable --out only warns
             rank = os.environ.get("RANK", "0")
             path = os.path.join(self.folder, f"rank-{rank}.json")
             tmp = f"{path}.{os.getpid()}.partial"
             with open(tmp, "wb") as f:
-                f.write(data if isinstance(data, bytes) else data.encode())
+                f.write(data)
             os.replace(tmp, path)      # whole or absent: diag never reads half a dump
 
     def _listen(self) -> None:
@@ -95,6 +108,18 @@ class FlightRecorder:
                 elif sig == signal.SIGTERM:      # stopped: dump, then end as a SIGTERM would (a shell's
                     self.dump("SIGTERM")         # 128 + 15); only the main thread may reset a handler
                     os._exit(128 + signal.SIGTERM)
+
+
+def with_reason(data: bytes, why: str, entries: int, source: str) -> bytes:
+    """torch's JSON dump with `diag_dump` (why and when it was taken) as its first key; the rest of
+    the bytes as torch wrote them. A dump that is not a JSON object is left as it is."""
+    head = data.lstrip()
+    if not head.startswith(b"{"):
+        return data
+    note = json.dumps({"reason": why, "time_ns": time.time_ns(), "buffer_size": entries,
+                       "buffer_size_from": source}).encode()
+    rest = head[1:].lstrip()
+    return b'{"diag_dump": ' + note + (b"" if rest.startswith(b"}") else b", ") + rest
 
 
 class SeqReader:

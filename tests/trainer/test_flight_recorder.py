@@ -14,6 +14,7 @@ import time
 import psutil
 
 from diag.analysis.flightrec import flight_record
+from diag.report.frfmt import fr_lines
 from trainer.test_faults import ROOT, _child_with_rank
 
 
@@ -72,6 +73,9 @@ def test_stalled_rank_is_named_from_signal_dumps(tmp_path):
         assert g.next_seq == len(done) + 1 and g.last_common_seq == len(done)
         assert g.next_op == first_of_step["op"] and g.next_bytes == first_of_step["bytes"]
         assert f"rank 1 never entered all_reduce #{len(done) + 1}" in g.verdict
+        # SIGUSR1 2 s into a 300 s stall (timeout 300 s): a snapshot, ranks in flight; SIGTERM's: a hang
+        assert fr.verdict_kind == ("snapshot" if folder.name == "usr1" else "hang"), (fr.taken, fr.longest_wait_s)
+        assert fr.taken.startswith("SIGUSR1 at " if folder.name == "usr1" else "SIGTERM at "), fr.taken
     text = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(out)], cwd=ROOT,
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert f"hang: dp group [0, 1]: rank 1 never entered all_reduce #{len(done) + 1}" in text.stdout, text
@@ -136,5 +140,50 @@ def test_sigusr1_dumps_mid_run_and_training_goes_on(tmp_path):
     end, _ = flight_record(str(out))
     dp_mid, dp_end = ([g for g in fr.groups if g.axis == "dp"][0] for fr in (mid, end))
     assert not end.hangs          # (the SIGUSR1 snapshot may catch rank 1 waiting for the slowed rank 0)
+    assert mid.taken.startswith("SIGUSR1 at ") and end.taken.startswith("end at ")
+    assert mid.verdict_kind == "snapshot" or not mid.hangs          # never read as a hang
+    assert not any(line.startswith("hang") for line in fr_lines(mid)), fr_lines(mid)
     assert 0 < dp_mid.last_common_seq < dp_end.last_common_seq
     assert dp_end.last_common_seq == len([c for c in _comm(out, 0) if c["axis"] == "dp"])
+
+
+def test_the_entries_flag_wins_over_the_environment(tmp_path, monkeypatch, capsys):
+    """--flight-recorder-entries given: it is the buffer size, TORCH_FR_BUFFER_SIZE or not; not given:
+    the environment's value, else 2000; rank 0 logs the value and where it came from."""
+    from instrumented_trainer.cli import build_parser, fr_entries, job_from_args
+    from instrumented_trainer.telemetry.flight_recorder import FlightRecorder
+
+    assert fr_entries(500, {"TORCH_FR_BUFFER_SIZE": "20000"}) == (500, "--flight-recorder-entries")
+    assert fr_entries(None, {"TORCH_FR_BUFFER_SIZE": "20000"}) == (20000, "TORCH_FR_BUFFER_SIZE")
+    assert fr_entries(None, {}) == (2000, "default")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "20000")
+    monkeypatch.setenv("RANK", "0")
+    for flag, want, source in ((["--flight-recorder-entries", "500"], "500", "--flight-recorder-entries"),
+                               ([], "20000", "TORCH_FR_BUFFER_SIZE")):
+        monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "20000")     # a cluster's setting
+        job = job_from_args(build_parser().parse_args(["--out", str(tmp_path), *flag]), 1, [])
+        rec = FlightRecorder(str(tmp_path), job.telemetry.flight_recorder_entries, job.telemetry.flight_recorder_source)
+        rec._listen = lambda: None                      # no signal handlers in the test process
+        for k in ("TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"):
+            monkeypatch.delenv(k, raising=False)
+        rec.__enter__()
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == want
+        assert f"flight recorder: {want} entries per rank (from {source})" in capsys.readouterr().err
+
+
+def test_a_dump_records_why_and_when_and_still_reads_as_torchs(tmp_path):
+    """The trainer's dump carries diag_dump {reason, time_ns, buffer size}; torch's keys are untouched."""
+    from diag.trace.flightrec import read_dump
+    from instrumented_trainer.telemetry.flight_recorder import with_reason
+
+    raw = {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": []}
+    data = with_reason(json.dumps(raw).encode(), "SIGUSR1", 500, "--flight-recorder-entries")
+    got = json.loads(data)
+    assert {k: got[k] for k in raw} == raw
+    assert got["diag_dump"]["reason"] == "SIGUSR1" and got["diag_dump"]["buffer_size"] == 500
+    assert abs(got["diag_dump"]["time_ns"] - time.time_ns()) < 60e9
+    (tmp_path / "rank-0.json").write_bytes(data)
+    d = read_dump(str(tmp_path / "rank-0.json"))
+    assert d.reason == "SIGUSR1" and d.taken_ns == got["diag_dump"]["time_ns"]
+    assert with_reason(b'{}', "end", 1, "default").startswith(b'{"diag_dump": {')
+    json.loads(with_reason(b'{}', "end", 1, "default"))
