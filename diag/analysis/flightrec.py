@@ -112,9 +112,10 @@ def _judge(fr: FlightRecord, dumps: list[FRDump]) -> None:
     """Hang, snapshot or waiting. A dump records no time or reason of its own (torch's); the
     trainer's say why and when (diag_dump). Taken on SIGUSR1 or at the end with every wait under
     the timeout the entries record: a snapshot, ranks in flight. Taken on a failure or SIGTERM, or a
-    wait past the timeout: a hang. No reason recorded and every wait (to the buffers' last entry, a
-    lower bound) under the timeout: ranks waiting when the dumps were taken; timeout unknown: a
-    hang, as before, with the wait said so a person can judge."""
+    wait past the timeout: a hang. No reason recorded (torch's own dumps): a hang, with the wait
+    said, a lower bound (to the buffers' last entry), so a person can judge: torch's watchdog
+    dumps on a timeout, when the stuck ranks have entered nothing since, so the bound is near zero
+    exactly when it is a hang; calling it anything else would be a guess."""
     by = {d.rank: d for d in dumps}
     at = {(d.rank, e.created_ns): e for d in dumps for e in d.entries}
     end_ns = max((t for d in dumps for e in d.entries for t in (e.created_ns, e.completed_ns or 0)), default=0)
@@ -148,10 +149,8 @@ def _judge(fr: FlightRecord, dumps: list[FRDump]) -> None:
     under = fr.timeout_s is not None and fr.longest_wait_s is not None and fr.longest_wait_s < fr.timeout_s
     if all(r in SNAPSHOT_REASONS for r in reasons.values()):
         fr.verdict_kind = "snapshot" if under or fr.timeout_s is None else "hang"
-    elif any(reasons.values()):
-        fr.verdict_kind = "hang"            # a failure or SIGTERM dump (a launcher's stop of a stuck job)
     else:
-        fr.verdict_kind = "waiting" if under else "hang"
+        fr.verdict_kind = "hang"            # a failure or SIGTERM dump, or no reason recorded
 
 
 def _p2p_verdicts(pairs, groups) -> None:

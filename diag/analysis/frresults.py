@@ -122,8 +122,7 @@ class FlightRecord:
     notes: list[str] = field(default_factory=list)
     # why and when the dumps were taken (the trainer records it; torch's own dumps do not)
     taken: Optional[str] = None       # 'SIGUSR1 at 04:13:52 UTC', 'end at ...', 'failure at ... (rank 0), SIGTERM ...'
-    verdict_kind: str = "hang"        # hang | snapshot (on request or at the end, waits under the timeout) |
-                                      # waiting (no reason recorded, waits under the timeout)
+    verdict_kind: str = "hang"        # hang | snapshot (on request or at the end, waits under the timeout)
     longest_wait_s: Optional[float] = None   # the longest a waiting rank had waited when its dump was taken
     wait_is_lower_bound: bool = False        # ... measured to the buffers' last entry (no dump time recorded)
     timeout_s: Optional[float] = None        # the process groups' timeout the waited entries record

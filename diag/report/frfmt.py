@@ -29,18 +29,16 @@ def _secs(s) -> str:
 
 
 def verdict_head(fr) -> list[str]:
-    """What the stuck lines are: a hang, a snapshot of ranks in flight, or ranks waiting when the
-    dumps were taken (analysis.flightrec._judge), with the wait and the timeout it is judged by."""
+    """What the stuck lines are: a hang or a snapshot of ranks in flight (analysis.flightrec._judge),
+    with the wait and the timeout it is judged by."""
     wait = (f"the longest wait {'at least ' if fr.wait_is_lower_bound else ''}{_secs(fr.longest_wait_s)}"
             + (" (to the buffers' last entry: no dump time recorded)" if fr.wait_is_lower_bound else ""))
     tmo = f"the process group timeout {_secs(fr.timeout_s)}" if fr.timeout_s else "no timeout recorded"
     if fr.verdict_kind == "snapshot":
         return [f"snapshot ({fr.taken}): in flight, not a hang yet: ranks mid-collective when the dumps were taken; "
                 f"{wait}, under {tmo} (waits that outlast it are a hang: dump again)"]
-    if fr.verdict_kind == "waiting":
-        return [f"ranks waiting when the dumps were taken (no dump reason recorded): {wait}, under {tmo}; "
-                "a hang only if they stay there"]
-    why = f"dumps taken {fr.taken}" if fr.taken else "no dump reason recorded"
+    why = (f"dumps taken {fr.taken}" if fr.taken else "no dump reason recorded (torch's watchdog dumps on a "
+           "timeout; a dump taken on request can catch ranks mid-collective)")
     if fr.longest_wait_s is None:          # nobody waits (ops or sizes that differ): no wait to judge
         return [f"hang: {why}"]
     return [f"hang: {why}; {wait}, {tmo}"]
@@ -52,7 +50,7 @@ def hang_lines(fr) -> list[str]:
     if not stuck:
         return ["no hang: in every group, every dumped member entered the same last collective"
                 + (f" (dumps taken {fr.taken})" if fr.taken else "")]
-    word = {"snapshot": "in flight", "waiting": "waiting"}.get(fr.verdict_kind, "hang")
+    word = "in flight" if fr.verdict_kind == "snapshot" else "hang"
     head = ([f"{word}: the others wait for {'rank' if len(fr.cause) == 1 else 'ranks'} "
              f"{', '.join(map(str, fr.cause))}, which wait{'s' * (len(fr.cause) == 1)} in no collective"
              + (f" (latest entry: {fr.cause_last[0]})" if len(fr.cause) == 1 and fr.cause_last else "")]

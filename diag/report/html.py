@@ -70,7 +70,7 @@ def _communication(d: Diagnosis) -> list[str]:
 def _flight_recorder(d: Diagnosis) -> list[str]:
     """The dumps' hang lines first (the line a person acts on), then the timings over the buffer."""
     fr = d.flight_recorder
-    marked = ("hang:", "missing dumps:", "late:", "in flight:", "waiting:", "snapshot (", "ranks waiting")
+    marked = ("hang:", "missing dumps:", "late:", "in flight:", "snapshot (")
     out = [("<p class='straggler'>" if line.startswith(marked) else "<p>") + f"{_e(line)}</p>" for line in fr_lines(fr)]
     if fr.timings:
         out.append(table(FR_TIMING_HEADER, fr_timing_rows(fr), fr_timing_legend(fr)))
