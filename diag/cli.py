@@ -115,7 +115,9 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     """
     from .report import render
 
-    refuse_or_exit(output, run_files(path, inputs), force)
+    read = run_files(path, inputs)
+    refuse_or_exit(output, read, force)
+    refuse_or_exit(timeline, read + ([output] if output and output != "-" else []), force)
     if timeline:
         from .report.timeline import refused
         why = refused(timeline, path, inputs.iteration)
@@ -130,9 +132,11 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
 
 
 def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
-    """What a command reads for the run at `path`: a report must never be written over them."""
-    given = [path] + ([inputs.config, inputs.bench] if inputs else [])
-    return [p for p in given if p]
+    """What a command reads for the run at `path` (runinputs.files_read): a report must never be
+    written over them."""
+    from .runinputs import files_read
+
+    return files_read(path, inputs)
 
 
 def refuse_or_exit(output: Optional[str], inputs: list[str], force: bool) -> None:

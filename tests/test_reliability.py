@@ -103,6 +103,13 @@ FORGERIES = {
     "intervals backwards": lambda s: _set(s.comms, "compute", (s.comms.compute[1], s.comms.compute[0])),
     "action ends before it starts": lambda s: _set(s.pp, "act_end_ns", s.pp.act_start_ns - 1),
     "action columns differ": lambda s: _set(s.pp, "act_end_ns", s.pp.act_end_ns[:-1]),
+    # the fields typed as plain lists (found by mutating each leaf of a summary: a number or a list
+    # as a group key crashed the merge)
+    "a number as a group key": lambda s: s.comms.group.__setitem__(0, 1 << 63),
+    "a list as a group key": lambda s: s.comms.group.__setitem__(0, [1, 2]),
+    "a group key of no ranks": lambda s: s.comms.group.__setitem__(0, "0,x"),
+    "pg_config not [name, desc, ranks]": lambda s: _set(s, "pg_config", [["pg", "tp", [0, "1"]]]),
+    "gemms not [op, dims, count]": lambda s: _set(s, "gemms", [["aten::mm", [[1, 2], "x"], 3]]),
 }
 
 
@@ -198,6 +205,20 @@ def test_output_over_an_input_is_refused(run):
         code, out = cli(*args)
         assert code == 2 and ("not overwritten" in out or "not written (--force" in out), (args, out)
     assert {n: open(os.path.join(run, n), "rb").read() for n in os.listdir(run)} == before
+    # one trace analysed: the run it belongs to (its summary, diag_run.json, the other ranks, the
+    # Flight Recorder's dumps) is not written over either, by -o or --timeline
+    other = _traces(run)[0]
+    open(os.path.join(run, "diag_run.json"), "w").write("{}")
+    os.makedirs(os.path.join(run, "flightrec"))
+    open(os.path.join(run, "flightrec", "rank_0"), "w").write("{}")
+    before = {n: open(os.path.join(run, n), "rb").read() for n in os.listdir(run) if n != "flightrec"}
+    for target in [trace + SUFFIX, "diag_run.json", other, other + SUFFIX,
+                   os.path.join("flightrec", "rank_0")]:
+        for flag in ("-o", "--timeline"):
+            code, out = cli("analyze", trace, flag, os.path.join(run, target))
+            assert code == 2 and "not overwritten (--force" in out, (target, flag, out)
+    assert {n: open(os.path.join(run, n), "rb").read() for n in os.listdir(run) if n != "flightrec"} == before
+    assert open(os.path.join(run, "flightrec", "rank_0")).read() == "{}"
     link = os.path.join(os.path.dirname(run), "link.json")          # a symlink to an input is the input
     os.symlink(trace, link)
     assert cli("analyze", trace, "-o", link)[0] == 2 and open(trace, "rb").read() == before[os.path.basename(trace)]

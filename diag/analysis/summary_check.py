@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -33,6 +34,7 @@ def check_values(path: str, s) -> None:
     """Raise TraceError naming `path` for an impossible value in RankSummary `s`; an impossible
     rank or world size becomes unknown, with a note in the rank's result."""
     _walk(path, s, "summary")
+    _check_plain(path, s)
     _check_breakdown(path, s.result.breakdown)
     _check_memory(path, s.memory)
     pp = s.pp
@@ -91,6 +93,32 @@ def _array(path: str, a: np.ndarray, name: str, where: str) -> None:
     low, high = _CODES.get(name, (None, None))
     if a.size and ((low is not None and int(a.min()) < low) or (high is not None and int(a.max()) >= high)):
         raise TraceError(path, f"corrupt summary: {where} holds codes outside [{low}, {high})")
+
+
+_GROUP_KEY = re.compile(r"-?\d+(,-?\d+)*")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_plain(path: str, s) -> None:
+    """The fields the summary's types leave open (plain lists the merge reads by position): each
+    holds what the per-rank pass writes there, else the summary is refused, not half-used."""
+    bad = None
+    if not all(g is None or (isinstance(g, str) and _GROUP_KEY.fullmatch(g)) for g in s.comms.group):
+        bad = "summary.comms.group holds a member key that is not ranks ('0,1')"
+    elif not all(isinstance(pg, list) and len(pg) == 3 and isinstance(pg[0], str) and isinstance(pg[1], str)
+                 and isinstance(pg[2], list) and all(_is_int(r) and 0 <= r < 1 << 24 for r in pg[2])
+                 for pg in s.pg_config):
+        bad = "summary.pg_config holds a group that is not [name, description, [ranks]]"
+    elif not all(isinstance(g, list) and len(g) == 3 and isinstance(g[0], str) and _is_int(g[2]) and g[2] > 0
+                 and isinstance(g[1], list)
+                 and all(isinstance(d, list) and all(_is_int(x) and 0 <= x < 1 << 63 for x in d) for d in g[1])
+                 for g in s.gemms):
+        bad = "summary.gemms holds an entry that is not [op, [input dims], count]"
+    if bad:
+        raise TraceError(path, f"corrupt summary: {bad}")
 
 
 def _check_breakdown(path: str, b) -> None:
