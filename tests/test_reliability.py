@@ -108,6 +108,9 @@ FORGERIES = {
     "a number as a group key": lambda s: s.comms.group.__setitem__(0, 1 << 63),
     "a list as a group key": lambda s: s.comms.group.__setitem__(0, [1, 2]),
     "a group key of no ranks": lambda s: s.comms.group.__setitem__(0, "0,x"),
+    "a number as a p2p group key": lambda s: _set(s.pp, "p2p", dataclasses.replace(
+        s.pp.p2p, group=[0.5], peer=np.zeros(1, np.int32), sure=np.zeros(1, bool))),
+    "p2p columns differ": lambda s: _set(s.pp.p2p, "group", s.pp.p2p.group + [None]),
     "pg_config not [name, desc, ranks]": lambda s: _set(s, "pg_config", [["pg", "tp", [0, "1"]]]),
     "gemms not [op, dims, count]": lambda s: _set(s, "gemms", [["aten::mm", [[1, 2], "x"], 3]]),
 }

@@ -106,8 +106,10 @@ def _check_plain(path: str, s) -> None:
     """The fields the summary's types leave open (plain lists the merge reads by position): each
     holds what the per-rank pass writes there, else the summary is refused, not half-used."""
     bad = None
-    if not all(g is None or (isinstance(g, str) and _GROUP_KEY.fullmatch(g)) for g in s.comms.group):
-        bad = "summary.comms.group holds a member key that is not ranks ('0,1')"
+    keys = [("comms", s.comms.group), ("pp.p2p", s.pp.p2p.group)]
+    wrong = [w for w, col in keys if not all(g is None or (isinstance(g, str) and _GROUP_KEY.fullmatch(g)) for g in col)]
+    if wrong:
+        bad = f"summary.{wrong[0]}.group holds a member key that is not ranks ('0,1')"
     elif not all(isinstance(pg, list) and len(pg) == 3 and isinstance(pg[0], str) and isinstance(pg[1], str)
                  and isinstance(pg[2], list) and all(_is_int(r) and 0 <= r < 1 << 24 for r in pg[2])
                  for pg in s.pg_config):

@@ -167,6 +167,8 @@ def _check(path: str, s: RankSummary) -> None:
     ok &= all(len(a) == len(b) for a, b in (rc.compute, g.backward, g.optimizer))
     ok &= len({len(g.number), len(g.host_ns), len(g.lo_ns), len(g.hi_ns)}) == 1
     pp = s.pp
+    ok &= len({len(pp.p2p.group), pp.p2p.peer.size, pp.p2p.sure.size}) == 1
+    ok &= pp.p2p.wait_op.size == pp.p2p.wait_lo.size == pp.p2p.wait_hi.size
     ok &= len({len(c) for c in (pp.act_step, pp.act_stage, pp.act_kind, pp.act_mb, pp.act_start_ns, pp.act_end_ns)}) == 1
     if not ok:
         raise TraceError(path, "corrupt summary: its columns differ in length")
