@@ -365,6 +365,30 @@ def test_a_world_size_claimed_by_diag_run_json_costs_nothing(tmp_path):
     assert len(d.ranks) == 2 and [p.file for p in d.problems] == [meta]
 
 
+SHAPE = {"schema_version": 2, "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+         "vocab_size": 256, "micro_batch_size": 2, "num_micro_batches": 2, "global_batch_size": 8,
+         "ddp_bucket_size": 100000}
+
+
+@pytest.mark.parametrize("claim", [{"num_layers": 10 ** 9}, {"num_micro_batches": 1 << 40, "global_batch_size": 1 << 42},
+                                   {"world_size": 1 << 24, "pp": 1 << 23}, {"world_size": 1 << 24, "tp": 1 << 22, "pp": 4}])
+def test_claimed_sizes_with_a_model_shape_cost_nothing(tmp_path, claim):
+    """With the model's shape known, the step-time and memory models run too: a claimed size must
+    not drive their work (found: 10^9 layers or 2^40 micro-batches simulated for ever, a PP of
+    2^23 looped per stage in calibration and the memory model)."""
+    import time
+
+    from diag.runinputs import RunInputs, open_run
+
+    run = _two_ranks(tmp_path / "run", claim.get("world_size", 2), meta={**SHAPE, **claim})
+    t = time.monotonic()
+    d, peak = _peak_bytes(lambda: open_run(run, RunInputs()))
+    assert time.monotonic() - t < 30 and peak < PER_CLAIMED_RANK / 8, peak
+    assert len(d.ranks) == 2
+    assert len(d.memory.model) <= 4096 if d.memory else True
+    render_text_of(d)
+
+
 # --- 10. device ids and duplicate rank files --------------------------------------------------
 def test_device_ids_past_int16_are_kept_and_past_int32_are_unknown_with_a_note(tmp_path):
     from diag.trace import Kind, load_job

@@ -112,14 +112,14 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
         tp = int(d.facts.tp or 1)
         dp = max(1, (d.world_size or len(d.ranks)) // (tp * pp))
         stage_of = {r.rank: r.rank // (tp * dp) for r in d.ranks}
-    out = []
-    for s in range(pp):
-        vals = [getattr(r.breakdown, what) / max(r.window_steps, 1)
-                for r in d.ranks if stage_of.get(r.rank) == s]
-        out.append(float(np.mean(vals)) if vals else math.nan)
-    if any(math.isnan(v) for v in out):
+    by_stage: dict[int, list] = {}
+    for r in d.ranks:                            # by the ranks present: a claimed PP costs nothing
+        s = stage_of.get(r.rank)
+        if s is not None and 0 <= s < pp:
+            by_stage.setdefault(s, []).append(getattr(r.breakdown, what) / max(r.window_steps, 1))
+    if len(by_stage) < pp:
         raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
-    return out
+    return [float(np.mean(by_stage[s])) for s in range(pp)]
 
 
 def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,

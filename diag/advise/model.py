@@ -23,6 +23,15 @@ from ..trace.kinds import Coll
 from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
+# The simulation's work: ranks x steps x micro-batches x layers per stage, each a few events in
+# Python (about 4,000 of these units a second). Sizes come from traces, diag_run.json and flags, so a
+# claimed 10^9 layers or 2^40 micro-batches would run for ever: past this, no simulation.
+MAX_SIM_UNITS = 200_000
+
+
+def sim_units(workload: "Workload", config: "Config", steps: int) -> int:
+    return config.grid.world_size * (steps + WARMUP_STEPS) * config.num_micro_batches * \
+        max(1, workload.num_layers // config.pp)
 
 
 @dataclass(frozen=True)
@@ -292,6 +301,12 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
     config.check(workload)
     if steps < 1:
         raise ValueError("steps must be >= 1")
+    units = sim_units(workload, config, steps)
+    if units > MAX_SIM_UNITS:
+        raise ValueError(f"the step-time model would simulate {units:,} layer passes ({config.grid.world_size:,} "
+                         f"ranks x {steps + WARMUP_STEPS} steps x {config.num_micro_batches:,} micro-batches x "
+                         f"{max(1, workload.num_layers // config.pp):,} layers per stage), past its limit of "
+                         f"{MAX_SIM_UNITS:,}: not simulated")
     grid, slow, delay = config.grid, stage_slowdown or {}, rank_delay or {}
     costs = {s: stage_costs(workload, config, links, slow.get(s, 1.0)) for s in range(config.pp)}
     programs = {}
