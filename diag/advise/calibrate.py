@@ -24,7 +24,7 @@ from ..runmeta import RunFacts
 from ..analysis.bandwidth import bus_factor
 from ..analysis.results import Diagnosis, steps_in_window
 from ..trace.kinds import Coll, dtype_bytes
-from .model import Config, Links, Workload, step_time
+from .model import Config, Links, ModelTooBig, Workload, step_time
 
 BWD_RATIO = 2.0
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
@@ -226,7 +226,10 @@ def calibrate(d: Diagnosis) -> Calibration:
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
                bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7))
     tokens = d.throughput.tokens_per_step if d.throughput else None
-    model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
+    try:
+        model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
+    except ModelTooBig as e:
+        raise CalibrationError(f"cannot calibrate the step-time model: {e}") from None
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "
                  f"{step * 1e3:.4g} ms ({100 * (model_now / step - 1):+.0f}%)")
     return Calibration(w, c, links, slowdown, step, model_now, tokens, tuple(notes))

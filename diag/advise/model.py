@@ -29,6 +29,10 @@ WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady s
 MAX_SIM_UNITS = 200_000
 
 
+class ModelTooBig(ValueError):
+    """A configuration past MAX_SIM_UNITS: the model does not simulate it."""
+
+
 def sim_units(workload: "Workload", config: "Config", steps: int) -> int:
     return config.grid.world_size * (steps + WARMUP_STEPS) * config.num_micro_batches * \
         max(1, workload.num_layers // config.pp)
@@ -303,7 +307,7 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
         raise ValueError("steps must be >= 1")
     units = sim_units(workload, config, steps)
     if units > MAX_SIM_UNITS:
-        raise ValueError(f"the step-time model would simulate {units:,} layer passes ({config.grid.world_size:,} "
+        raise ModelTooBig(f"the step-time model would simulate {units:,} layer passes ({config.grid.world_size:,} "
                          f"ranks x {steps + WARMUP_STEPS} steps x {config.num_micro_batches:,} micro-batches x "
                          f"{max(1, workload.num_layers // config.pp):,} layers per stage), past its limit of "
                          f"{MAX_SIM_UNITS:,}: not simulated")
