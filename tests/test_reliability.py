@@ -110,6 +110,10 @@ FORGERIES = {
     "a group key of no ranks": lambda s: s.comms.group.__setitem__(0, "0,x"),
     "a number as a p2p group key": lambda s: _set(s.pp, "p2p", dataclasses.replace(
         s.pp.p2p, group=[0.5], peer=np.zeros(1, np.int32), sure=np.zeros(1, bool))),
+    # times past int64 ns arithmetic (found: a clock0 of 2^63 us overflowed the clock alignment)
+    "clock past int64 ns": lambda s: _set(s.comms, "clock0_us", float(1 << 63)),
+    "start times near int64's end": lambda s: _set(s.comms, "start_ns", s.comms.start_ns + (1 << 62)),
+    "a step of 10^300 s": lambda s: _set(s.result, "step_time_s", 1e300),
     "p2p columns differ": lambda s: _set(s.pp.p2p, "group", s.pp.p2p.group + [None]),
     "pg_config not [name, desc, ranks]": lambda s: _set(s, "pg_config", [["pg", "tp", [0, "1"]]]),
     "gemms not [op, dims, count]": lambda s: _set(s, "gemms", [["aten::mm", [[1, 2], "x"], 3]]),

@@ -28,6 +28,11 @@ _CODES = {"coll": (min(Coll), max(Coll) + 1), "axis": (-1, len(AXES)), "act_kind
           "step": (-1, None), "peer": (-1, None), "act_stage": (-1, None), "act_mb": (-1, None), "lane": (-1, None),
           "act_start_ns": (-1, None), "act_end_ns": (-1, None)}
 _TOL = 1e-6
+# Times fit int64 nanoseconds with room for a sum of two (start + duration, clock0 + start): 2^62 ns
+# is 146 years, far past any clock a trace holds, so a time past it is damage (it would overflow
+# or wrap the merge's int64 arithmetic).
+_TIME_MAX_NS = 1 << 62
+_TIME_ARRAYS = {"blocked_lo", "blocked_hi", "issued_lo", "issued_hi", "wait_lo", "wait_hi", "interval"}
 
 
 def check_values(path: str, s) -> None:
@@ -69,7 +74,9 @@ def _value(path: str, v, name: str, where: str) -> None:
     if isinstance(v, float):
         bad = not math.isfinite(v) or ((name.endswith(("_s", "_per_step")) or name in _FRACTIONS or name == "mean_us")
                                        and v < 0) \
-            or (name in _FRACTIONS and v > 1 + _TOL)
+            or (name in _FRACTIONS and v > 1 + _TOL) \
+            or (name.endswith("_us") and abs(v) * 1e3 >= _TIME_MAX_NS) \
+            or (name.endswith(("_s", "_per_step")) and abs(v) * 1e9 >= _TIME_MAX_NS)
         if bad:
             raise TraceError(path, f"corrupt summary: {where} = {v!r} is not possible")
     elif isinstance(v, np.ndarray):
@@ -90,6 +97,9 @@ def _array(path: str, a: np.ndarray, name: str, where: str) -> None:
                                f"{'booleans' if want == 'b' else 'integers'}")
     if name in _NONNEG_ARRAYS and a.size and int(a.min()) < 0:
         raise TraceError(path, f"corrupt summary: {where} holds negative values")
+    if (name.endswith("_ns") or name in _TIME_ARRAYS) and a.size and \
+            max(abs(int(a.min())), abs(int(a.max()))) >= _TIME_MAX_NS:
+        raise TraceError(path, f"corrupt summary: {where} holds times past 2^62 ns")
     low, high = _CODES.get(name, (None, None))
     if a.size and ((low is not None and int(a.min()) < low) or (high is not None and int(a.max()) >= high)):
         raise TraceError(path, f"corrupt summary: {where} holds codes outside [{low}, {high})")
