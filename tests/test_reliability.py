@@ -298,6 +298,38 @@ def test_planted_temporary_names_are_not_followed(run, tmp_path):
     assert out.read_text() == "report" and victim.read_text() == "precious"
 
 
+def test_no_writer_follows_a_planted_temporary_name(tmp_path, monkeypatch):
+    """The trainer's Flight Recorder dump and the Prometheus targets file were still written
+    through `<path>.<pid>.partial` / `<path>.tmp<pid>` opened by name (found by grepping every
+    writer): a link planted there made them overwrite its target."""
+    import importlib.util
+    import types
+
+    from instrumented_trainer.telemetry.flight_recorder import FlightRecorder
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "run"
+    dumps = out / "flightrec"
+    dumps.mkdir(parents=True)
+    dump = dumps / "rank-0.json"
+    os.symlink(victim, f"{dump}.{os.getpid()}.partial")
+    c10d = types.SimpleNamespace(_dump_fr_trace_json=lambda *a: b'{"entries": []}')
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(_C=types.SimpleNamespace(_distributed_c10d=c10d)))
+    monkeypatch.setenv("RANK", "0")
+    FlightRecorder(str(out), 10).dump("end")
+    assert dump.read_text() == '{"entries": []}' and victim.read_text() == "precious"
+
+    spec = importlib.util.spec_from_file_location("targets", os.path.join(ROOT, "dashboards", "prometheus", "targets.py"))
+    targets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(targets)
+    sd = tmp_path / "targets.json"
+    os.symlink(victim, f"{sd}.tmp{os.getpid()}")
+    targets.write_atomic(str(sd), [{"targets": ["h:1"], "labels": {}}])
+    assert json.loads(sd.read_text())[0]["targets"] == ["h:1"] and victim.read_text() == "precious"
+    assert sorted(os.listdir(tmp_path)) == sorted(["victim.txt", "run", "targets.json", f"targets.json.tmp{os.getpid()}"])
+
+
 # --- 7. claimed sizes never drive work -------------------------------------------------------
 def _two_ranks(folder, world, meta=None):
     from kineto import TraceBuilder
