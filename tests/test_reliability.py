@@ -143,6 +143,30 @@ def test_an_impossible_rank_in_a_summary_is_unknown_with_a_note(run, rank):
     assert f"rank {rank} is not possible" in notes
 
 
+def test_a_trace_edited_in_its_middle_makes_its_summary_stale(tmp_path):
+    """A trace changed anywhere, its size kept, is not the trace its summary was made from (found:
+    the fingerprint covered the first and last MiB only, and a stale summary gave rank 0 30.0%
+    compute where its trace now says 81.8%)."""
+    from kineto import TraceBuilder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    b = TraceBuilder()
+    for i in range(6000):
+        b.step(i, i * 100, 100).kernel("gemm", i * 100 + 10, 30)
+    trace = b.write(str(run / "rank-0.pt.trace.json"), gz=False)
+    assert os.path.getsize(trace) > 5 << 19                       # past 2 x the old MiB at each end
+    assert cli("summarize", run)[0] == 0
+    data = bytearray(open(trace, "rb").read())
+    mid = len(data) // 2
+    at = data.index(b'"dur": 30', mid)
+    data[at:at + 9] = b'"dur": 90'                                 # same size, the middle of the file
+    open(trace, "wb").write(bytes(data))
+    merged = analysis(run)
+    assert comparable(merged) == comparable(analysis(run, "--no-summaries"))
+    assert any("made from another version" in n for n in merged["notes"]), merged["notes"]
+
+
 def test_an_old_summary_version_is_named(run):
     path = os.path.join(run, _traces(run)[0] + SUFFIX)
     open(path, "wb").write(msgspec.msgpack.encode({"format": summary_file.FORMAT, "version": 3}))

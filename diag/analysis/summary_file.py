@@ -2,8 +2,8 @@
 
 MessagePack (msgspec), arrays as raw little-endian bytes with their dtype: compact, fast, and
 safe to read from anyone (plain data; no pickle, nothing executed). A summary records which
-trace it was made from (its size and a fingerprint of its first and last MiB), so a reader can
-tell a summary of the trace in front of it from a stale one, and the summary of a trace that
+trace it was made from (its size and a digest of all its bytes), so a reader can tell a summary
+of the trace in front of it from a stale one (a trace edited anywhere, its size kept), and the summary of a trace that
 could not be read records why, so the rank is reported as a problem wherever it is merged.
 
 A summary is trusted only after its own bytes verify: the file is an envelope (format, version,
@@ -30,9 +30,10 @@ from .summary_check import check_values
 
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
-VERSION = 5          # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
-                     # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops
-_EDGE = 1 << 20                       # bytes fingerprinted at each end of the trace
+VERSION = 6          # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
+                     # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops;
+                     # 6: the trace's fingerprint over all its bytes (was its first and last MiB)
+_PIECE = 1 << 20                      # bytes hashed at a time
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30
 
@@ -72,14 +73,17 @@ def summary_path(trace: str, out_dir: Optional[str] = None) -> str:
 
 
 def fingerprint(path: str) -> tuple[int, str]:
-    """(size, digest of the first and last MiB): cheap on a 2 GB trace, changes when it does."""
+    """(bytes, BLAKE2b of all of them). Every byte: a trace edited in its middle with its size
+    kept (a first-and-last-MiB fingerprint let a stale summary through: a rank's compute 30.0%
+    instead of 81.8%). Hashing runs at disk speed, a second or two on a 2 GB trace, far below
+    parsing it."""
     h = hashlib.blake2b(digest_size=16)
+    size, buf = 0, bytearray(_PIECE)
+    view = memoryview(buf)
     with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        h.update(f.read(_EDGE))
-        if size > _EDGE:
-            f.seek(max(_EDGE, size - _EDGE))
-            h.update(f.read(_EDGE))
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
     return size, h.hexdigest()
 
 
