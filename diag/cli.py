@@ -8,7 +8,7 @@ import dataclasses
 import importlib
 import os
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 import click
 
@@ -115,9 +115,9 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     """
     from .report import render
 
-    read = run_files(path, inputs)
-    refuse_or_exit(output, read, force)
-    refuse_or_exit(timeline, read + ([output] if output and output != "-" else []), force)
+    read = run_files(path, inputs) if output or timeline else []
+    refuse_or_exit(output, lambda: read, force)
+    refuse_or_exit(timeline, lambda: read + ([output] if output and output != "-" else []), force)
     if timeline:
         from .report.timeline import refused
         why = refused(timeline, path, inputs.iteration)
@@ -139,11 +139,12 @@ def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
     return files_read(path, inputs)
 
 
-def refuse_or_exit(output: Optional[str], inputs: list[str], force: bool) -> None:
-    """Exit 2, before any work, when `output` would overwrite an input (safeio.refuse_overwrite)."""
+def refuse_or_exit(output: Optional[str], inputs: Callable[[], list[str]], force: bool) -> None:
+    """Exit 2, before any work, when `output` would overwrite an input (safeio.refuse_overwrite);
+    inputs() lists them (run_files), only when there is an output to check."""
     from .trace.safeio import refuse_overwrite
 
-    why = None if force or not output or output == "-" else refuse_overwrite(output, inputs)
+    why = None if force or not output or output == "-" else refuse_overwrite(output, inputs())
     if why:
         click.echo(f"diag: error: {why}", err=True)
         sys.exit(2)

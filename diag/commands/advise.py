@@ -42,7 +42,7 @@ def recommend(path: str, fmt: str, output, force: bool, inputs) -> None:
     from ..report.advice import render_advice
     from ..advise.results import Advice
 
-    refuse_or_exit(output, run_files(path, inputs), force)
+    refuse_or_exit(output, lambda: run_files(path, inputs), force)
     emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
 
 
@@ -58,7 +58,7 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
     from ..report.advice import render_comparison
     from ..advise.compare import compare as cmp
 
-    refuse_or_exit(output, run_files(a) + run_files(b), force)
+    refuse_or_exit(output, lambda: run_files(a) + run_files(b), force)
     emit(render_comparison(cmp(_diagnose(a), _diagnose(b)), fmt), output)
 
 
