@@ -155,6 +155,8 @@ def read(path: str) -> SummaryFile:
         sf = _DECODER.decode(env.payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
         raise TraceError(path, f"corrupt summary: {e}") from None
+    except RecursionError:                     # a plain-list field nested past the stack
+        raise TraceError(path, "corrupt summary: nested too deep") from None
     if sf.summary is not None:
         _check(path, sf.summary)
         check_values(path, sf.summary)
