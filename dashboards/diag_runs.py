@@ -196,9 +196,16 @@ def save_uploads(files, max_mb: int, dest: Optional[Path] = None,
     return (dest if saved else None), problems
 
 
+def _stat(f: str) -> tuple:
+    try:
+        st = os.stat(f)
+    except OSError:                   # a dangling link or a file gone: the analysis names it
+        return f, None, None
+    return f, st.st_size, st.st_mtime_ns
+
+
 def _signature(path: Path) -> tuple:
-    files = run_files(path)
-    return tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+    return tuple(_stat(f) for f in run_files(path))
 
 
 def load_run(path: Path, label: str, cache: OrderedDict,

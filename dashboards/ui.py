@@ -48,7 +48,7 @@ def open_run(name: str, label: Optional[str] = None, root=None, inputs=None) -> 
 
     try:
         return load_run(path, label, _cache(), progress, inputs)
-    except (TraceError, ValueError) as e:
+    except (TraceError, ValueError, OSError) as e:
         st.error(f"Cannot analyse {md(label)}: {md(e)}")
         return None
     finally:

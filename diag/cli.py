@@ -8,7 +8,7 @@ import dataclasses
 import importlib
 import os
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 import click
 
@@ -115,7 +115,9 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     """
     from .report import render
 
-    refuse_or_exit(output, run_files(path, inputs), force)
+    read = run_files(path, inputs) if output or timeline else []
+    refuse_or_exit(output, lambda: read, force)
+    refuse_or_exit(timeline, lambda: read + ([output] if output and output != "-" else []), force)
     if timeline:
         from .report.timeline import refused
         why = refused(timeline, path, inputs.iteration)
@@ -130,16 +132,19 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
 
 
 def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
-    """What a command reads for the run at `path`: a report must never be written over them."""
-    given = [path] + ([inputs.config, inputs.bench] if inputs else [])
-    return [p for p in given if p]
+    """What a command reads for the run at `path` (runinputs.files_read): a report must never be
+    written over them."""
+    from .runinputs import files_read
+
+    return files_read(path, inputs)
 
 
-def refuse_or_exit(output: Optional[str], inputs: list[str], force: bool) -> None:
-    """Exit 2, before any work, when `output` would overwrite an input (safeio.refuse_overwrite)."""
+def refuse_or_exit(output: Optional[str], inputs: Callable[[], list[str]], force: bool) -> None:
+    """Exit 2, before any work, when `output` would overwrite an input (safeio.refuse_overwrite);
+    inputs() lists them (run_files), only when there is an output to check."""
     from .trace.safeio import refuse_overwrite
 
-    why = None if force or not output or output == "-" else refuse_overwrite(output, inputs)
+    why = None if force or not output or output == "-" else refuse_overwrite(output, inputs())
     if why:
         click.echo(f"diag: error: {why}", err=True)
         sys.exit(2)

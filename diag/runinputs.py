@@ -67,6 +67,43 @@ class RunInputs:
 BENCH_NEXT_TO_TRACES = "diag_bench.json"
 
 
+def files_read(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
+    """Every file the analysis of the run at `path` (a folder or one trace) reads: `path`, the
+    traces and summaries analysis.collect picks (in subfolders too), diag_run.json and
+    diag_bench.json beside them, and the --config and --bench files. What a command must never
+    write over, and what the dashboard confines to its root: one list for both."""
+    from .analysis.collect import items_of
+    from .trace.errors import TraceError
+    from .trace.job import RUN_METADATA
+
+    files = [path] + ([inputs.config, inputs.bench] if inputs else [])
+    try:
+        items, meta_dir, _ = items_of(path, inputs.iteration if inputs else None)
+    except (TraceError, OSError):
+        return [f for f in files if f]                 # the analysis says what is wrong with `path`
+    files += [f for it in items for f in (it.trace, it.summary)]
+    near = {meta_dir, path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))}
+    files += [os.path.join(d, n) for d in sorted(near) for n in (RUN_METADATA, BENCH_NEXT_TO_TRACES)
+              if os.path.lexists(os.path.join(d, n))]
+    if not os.path.isdir(path):
+        if os.path.lexists(path + ".diagsum"):
+            files.append(path + ".diagsum")
+        files += _run_beside(path)
+    return list(dict.fromkeys(f for f in files if f))
+
+
+def _run_beside(path: str) -> list[str]:
+    """The files of the run a single trace belongs to (its folder's traces, summaries, run files
+    and Flight Recorder dumps): not read for this trace, but a report over them destroys that run."""
+    from .trace.flightrec import dump_files
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        return files_read(folder)[1:] + dump_files(folder)
+    except (OSError, ValueError):
+        return []
+
+
 def _bench_for(path: str, given: Optional[str]):
     """The busbw curve given with --bench, or the diag_bench.json found next to the traces."""
     from .analysis.benchcurve import load_bench

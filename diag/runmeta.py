@@ -113,6 +113,8 @@ def decode(data: bytes) -> RunFacts:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as e:
         raise RunMetaError(f"not JSON: {e}") from None
+    except RecursionError:                     # nested past the interpreter's stack: no run metadata
+        raise RunMetaError("not a JSON object of run facts: nested too deep") from None
     if not isinstance(raw, dict):
         raise RunMetaError(f"expected a JSON object, got {type(raw).__name__}")
     version = raw.get("schema_version")

@@ -281,3 +281,23 @@ def test_pipeline_gantt_shows_any_rank_of_a_stage(root, monkeypatch, diagnosis):
     send = next(t for t in spec["data"] if t["name"] == "send/recv")
     drawn = sum(x for x, y in zip(send["x"], send["y"]) if y.startswith("stage 1"))
     assert abs(drawn - 1e3 * want.total("send/recv")) < 1e-6
+
+
+def test_a_dangling_link_beside_a_run_is_no_traceback(tmp_path, monkeypatch):
+    """diag_run.json (or a summary) as a link to nothing inside the root: the run is analysed as
+    without it, as `diag analyze` does (found: the app's cache key stat'ed it and raised)."""
+    from collections import OrderedDict
+
+    from diag_runs import load_run
+
+    root = tmp_path / "root"
+    shutil.copytree(os.path.join(SAMPLES, "pp2_m2"), root / "run")
+    os.remove(root / "run" / "diag_run.json")
+    os.symlink("gone.json", root / "run" / "diag_run.json")
+    os.symlink("gone.diagsum", root / "run" / "rank-0.pt.trace.json.gz.diagsum")
+    path = safe_path(root, "run")
+    assert path is not None
+    run = load_run(path, "run", OrderedDict())
+    assert len(run.diagnosis.ranks) == 2
+    at = app(root, monkeypatch, run="run")
+    assert not at.exception and not at.error and at.metric

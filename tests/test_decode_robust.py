@@ -139,3 +139,44 @@ def test_a_timestamp_past_int64_nanoseconds_is_a_clear_error_not_an_overflow(tmp
         load_job(str(path))
     p = subprocess.run([sys.executable, "-m", "diag", "analyze", str(path)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "usable timestamp" in p.stderr
+
+
+def test_files_nested_past_the_stack_are_one_line_not_a_recursion_error(tmp_path):
+    """diag_run.json, diag_bench.json, a --config file (JSON, TOML) and a summary nested 100,000
+    deep (found: a RecursionError traceback from each but the Flight Recorder's reader): the run
+    metadata is a problem and the ranks analysed, a --config or bench file one line naming it, a
+    summary corrupt with its trace read instead."""
+    import shutil
+
+    import msgspec
+    from click.testing import CliRunner
+
+    from diag.analysis import summary_file as sfm
+    from diag.cli import main
+
+    deep = "[" * 100_000 + "]" * 100_000
+    run = tmp_path / "run"
+    shutil.copytree(os.path.join(ROOT, "sample_traces", "dp2_overlap"), run)
+    (run / "diag_run.json").write_text(deep)
+    d = analysis(run, "--no-summaries")
+    assert len(d["ranks"]) == 2
+    assert [p["problem"] for p in d["problems"]] == ["unusable run metadata, ignored: not a JSON object of run facts: "
+                                                     "nested too deep"]
+    for name, text in (("c.json", deep), ("c.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n")):
+        (tmp_path / name).write_text(text)
+        r = CliRunner().invoke(main, ["analyze", str(run), "--config", str(tmp_path / name)])
+        assert r.exit_code == 2 and isinstance(r.exception, SystemExit) and "nested too deep" in r.output, r.output
+    (tmp_path / "bench.json").write_text(deep)
+    r = CliRunner().invoke(main, ["analyze", str(run), "--bench", str(tmp_path / "bench.json")])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit) and "nested too deep" in r.output, r.output
+
+    assert CliRunner().invoke(main, ["summarize", str(run)]).exit_code == 0
+    (run / "diag_run.json").unlink()
+    summary = run / "rank-0.pt.trace.json.gz.diagsum"
+    env = msgspec.msgpack.decode(summary.read_bytes(), type=sfm._Envelope)
+    obj = msgspec.msgpack.decode(env.payload)
+    obj["summary"]["pg_config"] = "NESTED-HERE"
+    payload = msgspec.msgpack.encode(obj).replace(msgspec.msgpack.encode("NESTED-HERE"), b"\x91" * 200_000 + b"\x90")
+    summary.write_bytes(msgspec.msgpack.encode(sfm._Envelope(sfm.FORMAT, sfm.VERSION, sfm._digest(payload), payload)))
+    d = analysis(run)
+    assert len(d["ranks"]) == 2 and any("nested too deep; analysed the trace instead" in n for n in d["notes"]), d["notes"]

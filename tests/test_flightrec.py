@@ -149,6 +149,10 @@ def _corrupt(raw: dict, how: str):
         raw["pg_config"] = {"1": {"desc": "mesh_dp", "ranks": "[0, oops"}}
     elif how == "top":
         return [raw]
+    elif how == "seq past int64":
+        e["collective_seq_id"] = 1 << 63
+    elif how == "time past int64":
+        e["time_created_ns"] = 10 ** 30
     return raw
 
 
@@ -160,6 +164,9 @@ def _corrupt(raw: dict, how: str):
     ("ranks", "pg_config['1'].ranks is '[0, oops', not a list of ranks"),
     ("top", "not a Flight Recorder dump: no 'entries' list at the top"),
     ("truncated", "not valid JSON"),
+    # #20: numbers past int64 (found: an OverflowError in the timings, an IndexError in the hang verdict)
+    ("seq past int64", f"entry 2: collective_seq_id is {1 << 63}, not an integer from 0 to 2^63"),
+    ("time past int64", f"entry 2: time_created_ns is {10 ** 30}, not an integer from 0 to 2^63"),
 ])
 def test_bad_dump_is_one_line_and_the_others_are_analysed(job, tmp_path, how, problem):
     (tmp_path / "flightrec").mkdir()          # the trainer's folder: every rank file in it is a dump
@@ -199,3 +206,21 @@ def test_timed_dumps_give_transfer_wait_and_busbw_by_hand(job, tmp_path):
     # busbw: S = 16384 B, n = 2, f = 2(n-1)/n = 1: S / t, GB/s
     assert dp.busbw_median_gbps == pytest.approx(16384 / transfers[len(transfers) // 2] / 1e9)
     assert dp.wait_median_s == 0 and dp.unknown is None
+
+
+def test_a_dump_that_skips_sequence_numbers_gives_a_verdict(job, tmp_path):
+    """Rank 2's numbers jump by 2^40 past its first entries (a wrapped or damaged buffer): the group's
+    next collective is the first one past the last common number that a member entered, named as
+    such (found: an IndexError when nobody had entered last common + 1)."""
+    (tmp_path / "flightrec").mkdir()
+    for r in range(4):
+        shutil.copy(job / f"rank-{r}.json", tmp_path / "flightrec" / f"rank-{r}.json")
+    bad = tmp_path / "flightrec" / "rank-2.json"
+    raw = json.loads(bad.read_text())
+    for e in raw["entries"][3:]:
+        e["collective_seq_id"] += 1 << 40
+    bad.write_text(json.dumps(raw))
+    fr, problems = flight_record(str(tmp_path))
+    assert not problems and fr.ranks == [0, 1, 2, 3]
+    jumped = [g for g in fr.groups if 2 in g.ranks and g.next_seq and g.next_seq > 1 << 40]
+    assert jumped and all(g.verdict and f"#{g.next_seq}" in g.verdict for g in jumped)

@@ -329,3 +329,26 @@ def test_zero3_blocking_gathers_pay_every_layer():
     a, r = 1e9 * 0.5 / B, 2e9 * 0.5 / B
     c = Config(dp=2, num_micro_batches=m, zero=3)
     assert step_time(w, c, Links(dp=B)) == approx(m * L * (2 * a + 3 * f + r))
+
+
+@pytest.mark.parametrize("kw", [dict(tp=4, pp=2, dp=2, num_micro_batches=4),
+                                dict(tp=2, pp=2, dp=2, num_micro_batches=4, schedule="interleaved", virtual_stages=2),
+                                dict(tp=2, pp=2, dp=2, num_micro_batches=2, schedule="zb1p", overlap_grad_reduce=True),
+                                dict(tp=2, pp=1, dp=2, num_micro_batches=2, zero=3),
+                                dict(tp=8, pp=1, dp=1, num_micro_batches=1)])
+def test_one_rank_stands_for_its_tp_group(kw):
+    """fold_tp simulates one member of each TP group: they run the same program and arrive together,
+    so every step time and bubble equals the full simulation's (step_time folds by default)."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1e-3, tp_bytes_per_layer=4e6, p2p_bytes=2e6, grad_bytes=4e8,
+                 optimizer_s=2e-3)
+    links = Links(tp=100e9, pp=25e9, dp=12e9, latency_s=3e-6)
+    c = Config(**kw, bucket_bytes=5e7)
+    full = simulate(w, c, links, steps=2)
+    folded = simulate(w, c, links, steps=2, fold_tp=True)
+    assert len(folded.ranks) * c.tp == len(full.ranks)
+    assert folded.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+    assert step_time(w, c, links) == pytest.approx(full.step_time_s, rel=1e-12)
+    assert folded.stage_bubble() == pytest.approx(full.stage_bubble(), rel=1e-12)
+    r = folded.ranks[0]
+    assert sum(d for d, a in zip(r.dur_s, r.axis) if a == "tp") == pytest.approx(
+        sum(d for d, a in zip(full.ranks[0].dur_s, full.ranks[0].axis) if a == "tp"), rel=1e-12)

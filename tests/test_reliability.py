@@ -103,6 +103,20 @@ FORGERIES = {
     "intervals backwards": lambda s: _set(s.comms, "compute", (s.comms.compute[1], s.comms.compute[0])),
     "action ends before it starts": lambda s: _set(s.pp, "act_end_ns", s.pp.act_start_ns - 1),
     "action columns differ": lambda s: _set(s.pp, "act_end_ns", s.pp.act_end_ns[:-1]),
+    # the fields typed as plain lists (found by mutating each leaf of a summary: a number or a list
+    # as a group key crashed the merge)
+    "a number as a group key": lambda s: s.comms.group.__setitem__(0, 1 << 63),
+    "a list as a group key": lambda s: s.comms.group.__setitem__(0, [1, 2]),
+    "a group key of no ranks": lambda s: s.comms.group.__setitem__(0, "0,x"),
+    "a number as a p2p group key": lambda s: _set(s.pp, "p2p", dataclasses.replace(
+        s.pp.p2p, group=[0.5], peer=np.zeros(1, np.int32), sure=np.zeros(1, bool))),
+    # times past int64 ns arithmetic (found: a clock0 of 2^63 us overflowed the clock alignment)
+    "clock past int64 ns": lambda s: _set(s.comms, "clock0_us", float(1 << 63)),
+    "start times near int64's end": lambda s: _set(s.comms, "start_ns", s.comms.start_ns + (1 << 62)),
+    "a step of 10^300 s": lambda s: _set(s.result, "step_time_s", 1e300),
+    "p2p columns differ": lambda s: _set(s.pp.p2p, "group", s.pp.p2p.group + [None]),
+    "pg_config not [name, desc, ranks]": lambda s: _set(s, "pg_config", [["pg", "tp", [0, "1"]]]),
+    "gemms not [op, dims, count]": lambda s: _set(s, "gemms", [["aten::mm", [[1, 2], "x"], 3]]),
 }
 
 
@@ -127,6 +141,30 @@ def test_an_impossible_rank_in_a_summary_is_unknown_with_a_note(run, rank):
     assert len(d["ranks"]) == 4 and not d["problems"]
     notes = "\n".join(d["notes"] + [x for r in d["ranks"] for x in r["notes"]])
     assert f"rank {rank} is not possible" in notes
+
+
+def test_a_trace_edited_in_its_middle_makes_its_summary_stale(tmp_path):
+    """A trace changed anywhere, its size kept, is not the trace its summary was made from (found:
+    the fingerprint covered the first and last MiB only, and a stale summary gave rank 0 30.0%
+    compute where its trace now says 81.8%)."""
+    from kineto import TraceBuilder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    b = TraceBuilder()
+    for i in range(6000):
+        b.step(i, i * 100, 100).kernel("gemm", i * 100 + 10, 30)
+    trace = b.write(str(run / "rank-0.pt.trace.json"), gz=False)
+    assert os.path.getsize(trace) > 5 << 19                       # past 2 x the old MiB at each end
+    assert cli("summarize", run)[0] == 0
+    data = bytearray(open(trace, "rb").read())
+    mid = len(data) // 2
+    at = data.index(b'"dur": 30', mid)
+    data[at:at + 9] = b'"dur": 90'                                 # same size, the middle of the file
+    open(trace, "wb").write(bytes(data))
+    merged = analysis(run)
+    assert comparable(merged) == comparable(analysis(run, "--no-summaries"))
+    assert any("made from another version" in n for n in merged["notes"]), merged["notes"]
 
 
 def test_an_old_summary_version_is_named(run):
@@ -198,6 +236,20 @@ def test_output_over_an_input_is_refused(run):
         code, out = cli(*args)
         assert code == 2 and ("not overwritten" in out or "not written (--force" in out), (args, out)
     assert {n: open(os.path.join(run, n), "rb").read() for n in os.listdir(run)} == before
+    # one trace analysed: the run it belongs to (its summary, diag_run.json, the other ranks, the
+    # Flight Recorder's dumps) is not written over either, by -o or --timeline
+    other = _traces(run)[0]
+    open(os.path.join(run, "diag_run.json"), "w").write("{}")
+    os.makedirs(os.path.join(run, "flightrec"))
+    open(os.path.join(run, "flightrec", "rank_0"), "w").write("{}")
+    before = {n: open(os.path.join(run, n), "rb").read() for n in os.listdir(run) if n != "flightrec"}
+    for target in [trace + SUFFIX, "diag_run.json", other, other + SUFFIX,
+                   os.path.join("flightrec", "rank_0")]:
+        for flag in ("-o", "--timeline"):
+            code, out = cli("analyze", trace, flag, os.path.join(run, target))
+            assert code == 2 and "not overwritten (--force" in out, (target, flag, out)
+    assert {n: open(os.path.join(run, n), "rb").read() for n in os.listdir(run) if n != "flightrec"} == before
+    assert open(os.path.join(run, "flightrec", "rank_0")).read() == "{}"
     link = os.path.join(os.path.dirname(run), "link.json")          # a symlink to an input is the input
     os.symlink(trace, link)
     assert cli("analyze", trace, "-o", link)[0] == 2 and open(trace, "rb").read() == before[os.path.basename(trace)]
@@ -270,6 +322,39 @@ def test_planted_temporary_names_are_not_followed(run, tmp_path):
     assert out.read_text() == "report" and victim.read_text() == "precious"
 
 
+def test_no_writer_follows_a_planted_temporary_name(tmp_path, monkeypatch):
+    """The trainer's Flight Recorder dump and the Prometheus targets file were still written
+    through `<path>.<pid>.partial` / `<path>.tmp<pid>` opened by name (found by grepping every
+    writer): a link planted there made them overwrite its target."""
+    import importlib.util
+    import types
+
+    from instrumented_trainer.telemetry.flight_recorder import FlightRecorder
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "run"
+    dumps = out / "flightrec"
+    dumps.mkdir(parents=True)
+    dump = dumps / "rank-0.json"
+    os.symlink(victim, f"{dump}.{os.getpid()}.partial")
+    c10d = types.SimpleNamespace(_dump_fr_trace_json=lambda *a: b'{"entries": []}')
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(_C=types.SimpleNamespace(_distributed_c10d=c10d)))
+    monkeypatch.setenv("RANK", "0")
+    FlightRecorder(str(out), 10).dump("end")
+    written = json.loads(dump.read_text())
+    assert written["entries"] == [] and written["diag_dump"]["reason"] == "end" and victim.read_text() == "precious"
+
+    spec = importlib.util.spec_from_file_location("targets", os.path.join(ROOT, "dashboards", "prometheus", "targets.py"))
+    targets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(targets)
+    sd = tmp_path / "targets.json"
+    os.symlink(victim, f"{sd}.tmp{os.getpid()}")
+    targets.write_atomic(str(sd), [{"targets": ["h:1"], "labels": {}}])
+    assert json.loads(sd.read_text())[0]["targets"] == ["h:1"] and victim.read_text() == "precious"
+    assert sorted(os.listdir(tmp_path)) == sorted(["victim.txt", "run", "targets.json", f"targets.json.tmp{os.getpid()}"])
+
+
 # --- 7. claimed sizes never drive work -------------------------------------------------------
 def _two_ranks(folder, world, meta=None):
     from kineto import TraceBuilder
@@ -339,6 +424,30 @@ def test_a_world_size_claimed_by_diag_run_json_costs_nothing(tmp_path):
     json.dump({"schema_version": 2, "world_size": 10 ** 12, "tp": 2}, open(meta, "w"))   # past runmeta's bound
     d = open_run(run, RunInputs())
     assert len(d.ranks) == 2 and [p.file for p in d.problems] == [meta]
+
+
+SHAPE = {"schema_version": 2, "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+         "vocab_size": 256, "micro_batch_size": 2, "num_micro_batches": 2, "global_batch_size": 8,
+         "ddp_bucket_size": 100000}
+
+
+@pytest.mark.parametrize("claim", [{"num_layers": 10 ** 9}, {"num_micro_batches": 1 << 40, "global_batch_size": 1 << 42},
+                                   {"world_size": 1 << 24, "pp": 1 << 23}, {"world_size": 1 << 24, "tp": 1 << 22, "pp": 4}])
+def test_claimed_sizes_with_a_model_shape_cost_nothing(tmp_path, claim):
+    """With the model's shape known, the step-time and memory models run too: a claimed size must
+    not drive their work (found: 10^9 layers or 2^40 micro-batches simulated for ever, a PP of
+    2^23 looped per stage in calibration and the memory model)."""
+    import time
+
+    from diag.runinputs import RunInputs, open_run
+
+    run = _two_ranks(tmp_path / "run", claim.get("world_size", 2), meta={**SHAPE, **claim})
+    t = time.monotonic()
+    d, peak = _peak_bytes(lambda: open_run(run, RunInputs()))
+    assert time.monotonic() - t < 30 and peak < PER_CLAIMED_RANK / 8, peak
+    assert len(d.ranks) == 2
+    assert len(d.memory.model) <= 4096 if d.memory else True
+    render_text_of(d)
 
 
 # --- 10. device ids and duplicate rank files --------------------------------------------------

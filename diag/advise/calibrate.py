@@ -25,7 +25,7 @@ from ..analysis.bandwidth import bus_factor
 from ..analysis.results import Diagnosis, steps_in_window
 from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
-from .model import Config, Links, Workload, step_time
+from .model import Config, Links, ModelTooBig, Workload, step_time
 
 BWD_RATIO = 2.0
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
@@ -113,14 +113,14 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
         tp = int(d.facts.tp or 1)
         dp = max(1, (d.world_size or len(d.ranks)) // (tp * pp))
         stage_of = {r.rank: r.rank // (tp * dp) for r in d.ranks}
-    out = []
-    for s in range(pp):
-        vals = [getattr(r.breakdown, what) / max(r.window_steps, 1)
-                for r in d.ranks if stage_of.get(r.rank) == s]
-        out.append(float(np.mean(vals)) if vals else math.nan)
-    if any(math.isnan(v) for v in out):
+    by_stage: dict[int, list] = {}
+    for r in d.ranks:                            # by the ranks present: a claimed PP costs nothing
+        s = stage_of.get(r.rank)
+        if s is not None and 0 <= s < pp:
+            by_stage.setdefault(s, []).append(getattr(r.breakdown, what) / max(r.window_steps, 1))
+    if len(by_stage) < pp:
         raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
-    return out
+    return [float(np.mean(by_stage[s])) for s in range(pp)]
 
 
 def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
@@ -252,7 +252,10 @@ def calibrate(d: Diagnosis) -> Calibration:
         notes.append("ZeRO-3's all-gathers and reduce-scatters hold the issuing thread (a host timeline: gloo runs "
                      "each collective in its call), so no prefetch hides them")
     tokens = d.throughput.tokens_per_step if d.throughput else None
-    model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
+    try:
+        model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
+    except ModelTooBig as e:
+        raise CalibrationError(f"cannot calibrate the step-time model: {e}") from None
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "
                  f"{step * 1e3:.4g} ms ({100 * (model_now / step - 1):+.0f}%)")
     return Calibration(w, c, links, slowdown, step, model_now, tokens, tuple(notes))

@@ -190,6 +190,9 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -
                     in_flight=flight, other=other)
 
 
+STAGES_LISTED = 4096      # per-stage parts past it: the first stages and the last (a claimed PP of 2^23)
+
+
 @dataclass
 class MemoryModel:
     """The model for one job's shape, calibrated on its measured peak when there is one."""
@@ -199,7 +202,11 @@ class MemoryModel:
 
     def peak(self, lay: MemoryConfig) -> Estimate:
         """The rank with the largest modelled peak (stage 0 under 1F1B, the ends under GPipe)."""
-        return max((rank_estimate(self.shape, lay, st, self.other) for st in range(lay.pp)), key=lambda e: e.total)
+        # Only the ends can hold it: a middle stage has no embedding and no more micro-batches in
+        # flight than stage 0 (in_flight falls with the stage), so stage 0 bounds it. Two stages
+        # evaluated, not one per claimed stage (a PP of 2^23 from a flag costs nothing).
+        ends = range(lay.pp) if lay.pp <= 2 else (0, lay.pp - 1)
+        return max((rank_estimate(self.shape, lay, st, self.other) for st in ends), key=lambda e: e.total)
 
     @classmethod
     def calibrated(cls, shape: Shape, lay: MemoryConfig, measured_peak: Optional[float]) -> "MemoryModel":
@@ -220,7 +227,8 @@ class MemoryModel:
     def parts(self, lay: MemoryConfig) -> list[MemoryParts]:
         """What each stage's peak is made of under lay, activations as calibrated."""
         out = []
-        for st in range(lay.pp):
+        listed = range(lay.pp) if lay.pp <= STAGES_LISTED else [*range(STAGES_LISTED - 1), lay.pp - 1]
+        for st in listed:
             e = rank_estimate(self.shape, lay, st, self.other)
             out.append(MemoryParts(stage=st, weights=e.weights, grads=e.grads, optimizer=e.optimizer,
                                    activations=e.activations, other=e.other, total=e.total))

@@ -24,6 +24,19 @@ from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
 ZERO_STAGES = (0, 1, 2, 3)
+# The simulation's work: ranks x steps x micro-batches x layers per stage, each a few events in
+# Python (about 4,000 of these units a second). Sizes come from traces, diag_run.json and flags, so a
+# claimed 10^9 layers or 2^40 micro-batches would run for ever: past this, no simulation.
+MAX_SIM_UNITS = 200_000
+
+
+class ModelTooBig(ValueError):
+    """A configuration past MAX_SIM_UNITS: the model does not simulate it."""
+
+
+def sim_units(workload: "Workload", config: "Config", steps: int, ranks: Optional[int] = None) -> int:
+    return (ranks or config.grid.world_size) * (steps + WARMUP_STEPS) * config.num_micro_batches * \
+        max(1, workload.num_layers // config.pp)
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
-        optimizer_s=w.optimizer_s / (c.tp * c.pp * (c.dp if zero else 1)), overlap_dp=c.overlap_grad_reduce,
+        optimizer_s=w.optimizer_s / (c.tp * c.pp * (c.dp if zero else 1)), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer)
 
@@ -309,17 +322,30 @@ class Timeline:
 
 
 def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
-             stage_slowdown: Optional[dict] = None, rank_delay: Optional[dict] = None) -> Timeline:
+             stage_slowdown: Optional[dict] = None, rank_delay: Optional[dict] = None,
+             fold_tp: bool = False) -> Timeline:
     """Timeline of `steps` steady-state steps of every rank (one warm-up step is run and dropped).
 
     stage_slowdown {stage: factor} scales a stage's compute (imbalance); rank_delay {rank: s}
     holds one rank back by s seconds at the start of each step (a straggler), or by s[k % len(s)]
     at the start of step k when s is a sequence (ranks taking turns being late).
+    fold_tp: simulate one rank of each TP group (the Timeline's grid has tp 1), its TP all-reduces
+    lasting what they last over config.tp: the members of a TP group run the same program and arrive
+    together, so the step is the same (tests/test_model.py) at 1/tp of the cost. Not with rank_delay.
     """
     config.check(workload)
     if steps < 1:
         raise ValueError("steps must be >= 1")
-    grid, slow, delay = config.grid, stage_slowdown or {}, rank_delay or {}
+    if fold_tp and rank_delay:
+        raise ValueError("fold_tp needs every TP member alike: no rank_delay")
+    grid = RankGrid(tp=1, pp=config.pp, dp=config.dp) if fold_tp else config.grid
+    units = sim_units(workload, config, steps, grid.world_size)
+    if units > MAX_SIM_UNITS:
+        raise ModelTooBig(f"the step-time model would simulate {units:,} layer passes ({grid.world_size:,} "
+                         f"ranks x {steps + WARMUP_STEPS} steps x {config.num_micro_batches:,} micro-batches x "
+                         f"{max(1, workload.num_layers // config.pp):,} layers per stage), past its limit of "
+                         f"{MAX_SIM_UNITS:,}: not simulated")
+    slow, delay = stage_slowdown or {}, rank_delay or {}
     costs = {s: stage_costs(workload, config, links, slow.get(s, 1.0)) for s in range(config.pp)}
     programs = {}
     for r in range(grid.world_size):
@@ -351,8 +377,8 @@ def _timeline(grid: RankGrid, steps: int, records, marks, ends) -> Timeline:
 
 
 def step_time(workload: Workload, config: Config, links: Links, **kw) -> float:
-    """Seconds per steady-state step."""
-    return simulate(workload, config, links, steps=2, **kw).step_time_s
+    """Seconds per steady-state step (one rank of each TP group simulated where they are alike)."""
+    return simulate(workload, config, links, steps=2, fold_tp=not kw.get("rank_delay"), **kw).step_time_s
 
 
 def bubble_fraction(workload: Workload, config: Config, links: Links, **kw) -> dict:

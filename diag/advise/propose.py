@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from ..analysis.results import AxisOverlap, Diagnosis
 from . import memory as mem
 from .calibrate import Calibration
-from .model import Config
+from .model import Config, ModelTooBig
 from .results import Evidence, Recommendation
 
 MIN_GAIN = 0.02            # a change the model prices under 2% of the step is not worth a re-run
@@ -142,7 +142,14 @@ class Context:
         """Price (config, workload or None, flags) candidates with the model; propose the fastest."""
         if not candidates:
             return []
-        priced = [(self.cal.predict(c, w, slowdown), c, f, w) for c, w, f in candidates]
+        priced = []
+        for c, w, f in candidates:
+            try:
+                priced.append((self.cal.predict(c, w, slowdown), c, f, w))
+            except ModelTooBig:                      # past what the model simulates: not priced
+                continue
+        if not priced:
+            return []
         after, config, flags, work = min(priced, key=lambda x: x[0])
         if self.step_s and after >= self.step_s:
             return []                                # no candidate is predicted to be faster

@@ -122,6 +122,7 @@ class StageCosts:
     optimizer_s: float
     overlap_dp: bool
     chunks: int = 1                 # model chunks per rank (v of the interleaved schedule)
+    tp: int = 1                     # TP size: its all-reduces are written even where one member stands for all
     # ZeRO (model.py): 1-2 reduce-scatter the buckets and all-gather the stage's parameters after
     # the optimizer; 3 all-gathers each layer's parameters before its forward and its backward
     # (one layer ahead, on the "ag" stream) and reduce-scatters its gradients after its backward
@@ -221,7 +222,7 @@ class ProgramWriter:
 
     def _half(self, name: str, dur: float) -> None:
         self.main.append(Instr("compute", name, dur))
-        if len(self.p.tp_group) > 1:
+        if self.c.tp > 1:
             self.main.append(self._coll("tp", self.p.tp_group, self.c.tp_bytes, self.c.tp_ar_s, "tp_all_reduce"))
 
     def forward(self, mb: int, chunk: int = 0) -> None:

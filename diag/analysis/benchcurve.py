@@ -105,4 +105,6 @@ def load_bench(path) -> BenchCurve:
         doc = json.loads(read_regular(str(path)))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(str(path), f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise TraceError(str(path), "not valid JSON: nested too deep") from None
     return parse_bench(doc, path)

@@ -23,7 +23,7 @@ from ..trace.kinds import Kind
 from ..trace.table import EventTable
 from . import intervals as iv
 from .results import Breakdown, Overlap
-from .steps import Window
+from .steps import Window, work_spans
 
 NS = 1e-9
 # Kineto writes microseconds with three decimals, rounded: a child may end a tick after its
@@ -133,9 +133,7 @@ def analyse_timeline(sets: TimelineSets, w: Window, timeline: str) -> tuple[Brea
 def exposed_comm_by_step(t: EventTable, w: Window, sets: TimelineSets) -> dict[int, float]:
     """Exposed communication seconds per step index, over each step's span of work."""
     exposed = iv.subtract(sets.comm, sets.compute)
-    idx = np.unique(w.step_index[w.step_index >= 0])
+    idx, lo, hi = work_spans(t, w)
     if idx.size == 0:
         return {}
-    lo = np.array([t.ts_ns[w.rows[w.step_index == i]].min() for i in idx])
-    hi = np.array([t.end_ns[w.rows[w.step_index == i]].max() for i in idx])
     return {int(i): float(v) * NS for i, v in zip(idx, iv.lengths_in_windows(exposed, lo, hi))}

@@ -32,7 +32,7 @@ from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
 from .layoutfind import JobLayout
 from .hostlink import enclosing, launches
 from .ppactions import SINGLE_STAGE, SOURCES, PPTrace, read_rank
-from .steps import Window, window_of
+from .steps import Window, window_of, work_spans
 
 KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")
 _BACKWARD = "autograd::engine::evaluate_function"
@@ -129,22 +129,14 @@ class GanttInput:
 
 
 def gantt_input(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) -> GanttInput:
-    idx = np.unique(w.step_index[w.step_index >= 0])
-    bounds = [step_bounds(rt, w, timeline, int(i)) for i in idx]
+    idx, lo, hi = work_spans(rt.events, w)
+    if timeline == "host":                 # the host's ProfilerStep spans
+        lo, hi = w.steps.start_ns[idx].astype(np.int64), w.steps.end_ns[idx].astype(np.int64)
     parts = _compute_parts(rt, w, timeline, compute) if idx.size else {}
     return GanttInput(timeline=timeline, number=w.steps.number[idx].astype(np.int64),
                       host_ns=(w.steps.end_ns[idx] - w.steps.start_ns[idx]).astype(np.int64),
-                      lo_ns=np.array([b[0] for b in bounds], np.int64), hi_ns=np.array([b[1] for b in bounds], np.int64),
+                      lo_ns=lo, hi_ns=hi,
                       backward=parts.get("backward", iv.EMPTY), optimizer=parts.get("optimizer", iv.EMPTY))
-
-
-def step_bounds(rt: RankTrace, w: Window, timeline: str, i: int) -> tuple[int, int]:
-    """[start, end) of step index i: the host's ProfilerStep span, or on a GPU the span of its kernels."""
-    if timeline == "host":
-        return int(w.steps.start_ns[i]), int(w.steps.end_ns[i])
-    rows = w.rows[w.step_index == i]
-    t = rt.events
-    return int(t.ts_ns[rows].min()), int(t.end_ns[rows].max())
 
 
 def segments(parts: dict, lo: int, hi: int) -> list[Segment]:

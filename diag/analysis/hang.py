@@ -179,7 +179,9 @@ def group_state(name: str, desc: str, members: list[int], dumps: dict[int, FRDum
     g.mismatch_seq, g.mismatch = _mismatch(by_rank, dumped, len(members))
     label = group_label(axis, desc, name, members)
     if dumped and max(last.values()) > g.last_common_seq:
-        g.next_seq = g.last_common_seq + 1
+        # the first collective past the last common one that some member entered (the next number,
+        # unless a dump skips numbers: a wrapped ring buffer, or a damaged one)
+        g.next_seq = min(q for r in dumped for q in by_rank[r] if q > g.last_common_seq)
         g.missing = [r for r in dumped if last[r] < g.next_seq]
         inside = [r for r in dumped if g.next_seq in by_rank[r]]
         g.waiting = [FRWaiter(r, by_rank[r][g.next_seq].created_ns) for r in inside]

@@ -58,6 +58,22 @@ class Window:
     excluded_why: str = ""
 
 
+def work_spans(t: EventTable, w: Window) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(step indices, first start, last end) of the window's rows in each step that has any: one
+    sort and a reduce over the rows, linear in the trace, not one pass over it per step (a
+    masked pass per step took 30,000 steps to 25 s and a million past the hour)."""
+    inside = w.step_index >= 0
+    step, rows = w.step_index[inside], w.rows[inside]
+    if step.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(step, kind="stable")
+    step, rows = step[order], rows[order]
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    lo = np.minimum.reduceat(t.ts_ns[rows], first)
+    hi = np.maximum.reduceat(t.ts_ns[rows] + t.dur_ns[rows], first)
+    return step[first].astype(np.int64), lo.astype(np.int64), hi.astype(np.int64)
+
+
 def gpu_window(t: EventTable, steps: StepSpans) -> Window:
     rows = np.flatnonzero(t.gpu_mask())
     launched = launch_times(t, rows)

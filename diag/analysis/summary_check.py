@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -27,12 +28,18 @@ _CODES = {"coll": (min(Coll), max(Coll) + 1), "axis": (-1, len(AXES)), "act_kind
           "step": (-1, None), "peer": (-1, None), "act_stage": (-1, None), "act_mb": (-1, None), "lane": (-1, None),
           "act_start_ns": (-1, None), "act_end_ns": (-1, None)}
 _TOL = 1e-6
+# Times fit int64 nanoseconds with room for a sum of two (start + duration, clock0 + start): 2^62 ns
+# is 146 years, far past any clock a trace holds, so a time past it is damage (it would overflow
+# or wrap the merge's int64 arithmetic).
+_TIME_MAX_NS = 1 << 62
+_TIME_ARRAYS = {"blocked_lo", "blocked_hi", "issued_lo", "issued_hi", "wait_lo", "wait_hi", "interval"}
 
 
 def check_values(path: str, s) -> None:
     """Raise TraceError naming `path` for an impossible value in RankSummary `s`; an impossible
     rank or world size becomes unknown, with a note in the rank's result."""
     _walk(path, s, "summary")
+    _check_plain(path, s)
     _check_breakdown(path, s.result.breakdown)
     _check_memory(path, s.memory)
     pp = s.pp
@@ -67,7 +74,9 @@ def _value(path: str, v, name: str, where: str) -> None:
     if isinstance(v, float):
         bad = not math.isfinite(v) or ((name.endswith(("_s", "_per_step")) or name in _FRACTIONS or name == "mean_us")
                                        and v < 0) \
-            or (name in _FRACTIONS and v > 1 + _TOL)
+            or (name in _FRACTIONS and v > 1 + _TOL) \
+            or (name.endswith("_us") and abs(v) * 1e3 >= _TIME_MAX_NS) \
+            or (name.endswith(("_s", "_per_step")) and abs(v) * 1e9 >= _TIME_MAX_NS)
         if bad:
             raise TraceError(path, f"corrupt summary: {where} = {v!r} is not possible")
     elif isinstance(v, np.ndarray):
@@ -88,9 +97,40 @@ def _array(path: str, a: np.ndarray, name: str, where: str) -> None:
                                f"{'booleans' if want == 'b' else 'integers'}")
     if name in _NONNEG_ARRAYS and a.size and int(a.min()) < 0:
         raise TraceError(path, f"corrupt summary: {where} holds negative values")
+    if (name.endswith("_ns") or name in _TIME_ARRAYS) and a.size and \
+            max(abs(int(a.min())), abs(int(a.max()))) >= _TIME_MAX_NS:
+        raise TraceError(path, f"corrupt summary: {where} holds times past 2^62 ns")
     low, high = _CODES.get(name, (None, None))
     if a.size and ((low is not None and int(a.min()) < low) or (high is not None and int(a.max()) >= high)):
         raise TraceError(path, f"corrupt summary: {where} holds codes outside [{low}, {high})")
+
+
+_GROUP_KEY = re.compile(r"-?\d+(,-?\d+)*")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_plain(path: str, s) -> None:
+    """The fields the summary's types leave open (plain lists the merge reads by position): each
+    holds what the per-rank pass writes there, else the summary is refused, not half-used."""
+    bad = None
+    keys = [("comms", s.comms.group), ("pp.p2p", s.pp.p2p.group)]
+    wrong = [w for w, col in keys if not all(g is None or (isinstance(g, str) and _GROUP_KEY.fullmatch(g)) for g in col)]
+    if wrong:
+        bad = f"summary.{wrong[0]}.group holds a member key that is not ranks ('0,1')"
+    elif not all(isinstance(pg, list) and len(pg) == 3 and isinstance(pg[0], str) and isinstance(pg[1], str)
+                 and isinstance(pg[2], list) and all(_is_int(r) and 0 <= r < 1 << 24 for r in pg[2])
+                 for pg in s.pg_config):
+        bad = "summary.pg_config holds a group that is not [name, description, [ranks]]"
+    elif not all(isinstance(g, list) and len(g) == 3 and isinstance(g[0], str) and _is_int(g[2]) and g[2] > 0
+                 and isinstance(g[1], list)
+                 and all(isinstance(d, list) and all(_is_int(x) and 0 <= x < 1 << 63 for x in d) for d in g[1])
+                 for g in s.gemms):
+        bad = "summary.gemms holds an entry that is not [op, [input dims], count]"
+    if bad:
+        raise TraceError(path, f"corrupt summary: {bad}")
 
 
 def _check_breakdown(path: str, b) -> None:

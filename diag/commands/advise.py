@@ -42,7 +42,7 @@ def recommend(path: str, fmt: str, output, force: bool, inputs) -> None:
     from ..report.advice import render_advice
     from ..advise.results import Advice
 
-    refuse_or_exit(output, run_files(path, inputs), force)
+    refuse_or_exit(output, lambda: run_files(path, inputs), force)
     emit(render_advice(Advice.of(_diagnose(path, inputs)), fmt), output)
 
 
@@ -54,11 +54,11 @@ def recommend(path: str, fmt: str, output, force: bool, inputs) -> None:
 @FORCE
 def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
     """Two runs side by side: step time, breakdown, bubble, busbw per axis, throughput."""
-    from ..cli import emit, refuse_or_exit
+    from ..cli import emit, refuse_or_exit, run_files
     from ..report.advice import render_comparison
     from ..advise.compare import compare as cmp
 
-    refuse_or_exit(output, [a, b], force)
+    refuse_or_exit(output, lambda: run_files(a) + run_files(b), force)
     emit(render_comparison(cmp(_diagnose(a), _diagnose(b)), fmt), output)
 
 

@@ -38,7 +38,7 @@ def export(path, textfile, pushgateway, job, force, inputs) -> None:
 
     if not textfile and not pushgateway:
         _fail("nothing to do: give --prometheus FILE and/or --pushgateway URL")
-    refuse_or_exit(textfile, run_files(path, inputs), force)
+    refuse_or_exit(textfile, lambda: run_files(path, inputs), force)
     name = job or os.path.basename(os.path.abspath(path).rstrip(os.sep)) or "diag"
     diagnosis = diagnose_or_exit(path, inputs)
     try:

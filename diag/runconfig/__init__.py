@@ -81,6 +81,8 @@ def _toml(path: str, text: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise TraceError(path, f"not valid TOML: {e}") from None
+    except RecursionError:                     # arrays nested past the stack: no config
+        raise TraceError(path, "not valid TOML: nested too deep") from None
 
 
 def _json(path: str, text: str) -> dict:
@@ -88,6 +90,8 @@ def _json(path: str, text: str) -> dict:
         doc = json.loads(text)
     except ValueError as e:
         raise TraceError(path, f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise TraceError(path, "not valid JSON: nested too deep") from None
     if not isinstance(doc, dict):
         raise TraceError(path, "expected a JSON object of Megatron-LM arguments")
     return doc
@@ -103,6 +107,8 @@ def _yaml(path: str, text: str) -> dict:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise TraceError(path, f"not valid YAML: {e}") from None
+    except RecursionError:
+        raise TraceError(path, "not valid YAML: nested too deep") from None
     if not isinstance(doc, dict):
         raise TraceError(path, "expected a mapping of Megatron-LM arguments")
     return doc

@@ -235,6 +235,9 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_INT64_END = 1 << 63
+
+
 def _int(path: str, i: int, e: dict, key: str, required: bool = True) -> Optional[int]:
     v = e.get(key)
     if v is None and not required:
@@ -243,6 +246,8 @@ def _int(path: str, i: int, e: dict, key: str, required: bool = True) -> Optiona
         v = int(v)
     if not _is_int(v):
         raise TraceError(path, f"entry {i}: {key} is {v!r:.40}, not an integer")
+    if not 0 <= v < _INT64_END:          # sequence numbers and ns clocks: past int64 is damage
+        raise TraceError(path, f"entry {i}: {key} is {v!r:.40}, not an integer from 0 to 2^63")
     return v
 
 
@@ -253,7 +258,8 @@ def _nelems(path: str, i: int, sizes) -> Optional[int]:
     if not isinstance(sizes, list) or not all(isinstance(s, list) and all(_is_int(d) and d >= 0 for d in s)
                                               for s in sizes):
         raise TraceError(path, f"entry {i}: input/output sizes are not lists of dimensions")
-    return sum(math.prod(s) for s in sizes) or None
+    n = sum(math.prod(s) for s in sizes)
+    return n if 0 < n < _INT64_END else None          # past int64 elements: the size is unknown
 
 
 def _entry(path: str, i: int, e) -> FREntry:

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from diag.trace.safeio import atomic_write
 from instrumented_trainer.telemetry.safe import guard
 
 DUMP_FOLDER = "flightrec"         # diag.trace.flightrec.DUMP_FOLDERS looks here
@@ -73,10 +74,9 @@ class FlightRecorder:
             os.makedirs(self.folder, exist_ok=True)     # here, under the guard: an unwritable --out only warns
             rank = os.environ.get("RANK", "0")
             path = os.path.join(self.folder, f"rank-{rank}.json")
-            tmp = f"{path}.{os.getpid()}.partial"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)      # whole or absent: diag never reads half a dump
+            # whole or absent (diag never reads half a dump), through an exclusive temporary: a
+            # link planted at a predictable name is never followed
+            atomic_write(path, data)
 
     def _listen(self) -> None:
         """SIGUSR1: dump; SIGTERM: dump, then exit."""
