@@ -292,6 +292,9 @@ def test_fifo_and_devices_named_like_traces_neither_hang_nor_grow(run, tmp_path)
     problems = {os.path.basename(x["file"]): x["problem"] for x in d["problems"]}
     assert "FIFO" in problems["rank-8.pt.trace.json.diagsum"]
     assert "character device" in problems["diag_run.json"]
+    # named like traces, not regular files: said, not passed over in silence
+    assert "FIFO" in problems["rank-7.pt.trace.json"]
+    assert "character device" in problems["rank-6.pt.trace.json.gz"]
 
 
 def test_reads_are_bounded_by_bytes_read_not_claimed(tmp_path):

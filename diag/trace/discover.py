@@ -85,10 +85,17 @@ class _Candidate:
 
 
 def trace_files(directory: str) -> list[str]:
-    """The trace files directly in `directory`, by name (a folder the user named is trusted)."""
-    return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
-            if n.endswith(TRACE_SUFFIXES) and n not in NOT_TRACES
-            and os.path.isfile(os.path.join(directory, n)) and not is_dump(os.path.join(directory, n))]
+    """The trace files directly in `directory`, by name (a folder the user named is trusted). A name
+    that is not a regular file (a FIFO, a device, a link to one) is kept, so that reading it reports
+    it as a problem instead of passing over it; folders and dangling links are not files."""
+    out = []
+    for n in sorted(os.listdir(directory)):
+        p = os.path.join(directory, n)
+        if not n.endswith(TRACE_SUFFIXES) or n in NOT_TRACES or os.path.isdir(p) or not os.path.exists(p):
+            continue
+        if not os.path.isfile(p) or not is_dump(p):
+            out.append(p)
+    return out
 
 
 def summary_files(directory: str) -> list[str]:
