@@ -114,7 +114,9 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     diag_run.json, --config or the flags; what none gives is reported as unknown.
     """
     from .report import render
+    from .runinputs import prefetch_trace
 
+    prefetch_trace(path, inputs)          # first: listing what the run reads imports the analysis
     read = run_files(path, inputs) if output or timeline else []
     refuse_or_exit(output, lambda: read, force)
     refuse_or_exit(timeline, lambda: read + ([output] if output and output != "-" else []), force)

@@ -121,14 +121,20 @@ def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Call
     return open_run_job(path, inputs, progress)[0]
 
 
-def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
-    """open_run's Diagnosis, and the Job it was made from: its ranks' summaries, their comms as
-    diagnosed (axes, groups, match ids), for a renderer that draws the events (report.timeline)."""
+def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
+    """Start reading (and inflating) a single trace file in a thread while the analysis imports
+    (trace.prefetch), unless its summary is what will be read. Light: call it first."""
     from .trace import prefetch
     from .trace.discover import SUMMARY_SUFFIX
 
-    if not (inputs.use_summaries and os.path.exists(path + SUMMARY_SUFFIX)):   # else its summary is read
-        prefetch.start(path)               # read (and inflate) a trace file while the analysis imports
+    if not (inputs.use_summaries and os.path.exists(path + SUMMARY_SUFFIX)):
+        prefetch.start(path)
+
+
+def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
+    """open_run's Diagnosis, and the Job it was made from: its ranks' summaries, their comms as
+    diagnosed (axes, groups, match ids), for a renderer that draws the events (report.timeline)."""
+    prefetch_trace(path, inputs)
     from .analysis import diagnose
     from .analysis.collect import load_summaries
     from .analysis.flightrec import dumps_only, flight_record
