@@ -104,15 +104,27 @@ def _run_beside(path: str) -> list[str]:
         return []
 
 
-def _bench_for(path: str, given: Optional[str]):
-    """The busbw curve given with --bench, or the diag_bench.json found next to the traces."""
+def _bench_for(path: str, given: Optional[str], problems: Optional[list] = None):
+    """The busbw curve given with --bench (a bad one: TraceError, the command's input), or the
+    diag_bench.json found next to the traces: a bad one there is a problem in `problems` (the
+    file and what is wrong), the run analysed without a curve, as a bad rank file is."""
     from .analysis.benchcurve import load_bench
+    from .trace.errors import TraceError
 
     if given:
         return load_bench(given)
     beside = os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)),
                           BENCH_NEXT_TO_TRACES)
-    return load_bench(beside) if os.path.isfile(beside) else None
+    if not os.path.lexists(beside):
+        return None
+    try:
+        return load_bench(beside)
+    except TraceError as e:
+        if problems is None:
+            raise
+        from .analysis.results import Problem
+        problems.append(Problem(e.path, e.problem))
+        return None
 
 
 def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):
@@ -156,8 +168,11 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     if inputs.config:                      # after the traces: "the rest of the ranks" needs the world size
         from .runconfig import load_config
         config = load_config(inputs.config, world_size=job.world_size)
+    bench_problems: list = []
+    bench = _bench_for(path, inputs.bench, None if inputs.strict else bench_problems)
     d = diagnose(job, top_n=inputs.top, link_gbps=inputs.link_gbps, peak_tflops=inputs.peak_tflops,
-                 shape=inputs.shape, bench=_bench_for(path, inputs.bench), sizes=inputs.sizes, config=config)
+                 shape=inputs.shape, bench=bench, sizes=inputs.sizes, config=config)
+    d.problems = d.problems + bench_problems
     if fr is not None and not fr.layout and d.layout:
         # the dumps name no axis, the traces do: one layout for both (layoutfind, as diagnose resolved it)
         from .analysis.diagnose import job_layout, summaries_of

@@ -180,3 +180,26 @@ def test_files_nested_past_the_stack_are_one_line_not_a_recursion_error(tmp_path
     summary.write_bytes(msgspec.msgpack.encode(sfm._Envelope(sfm.FORMAT, sfm.VERSION, sfm._digest(payload), payload)))
     d = analysis(run)
     assert len(d["ranks"]) == 2 and any("nested too deep; analysed the trace instead" in n for n in d["notes"]), d["notes"]
+
+
+def test_a_bad_diag_bench_json_beside_the_traces_is_a_problem_not_the_end(tmp_path):
+    """diag_bench.json found next to the traces is the run's file, like diag_run.json: a bad one
+    (nested too deep, not JSON, not a curve) is a problem naming it and the ranks are analysed
+    without a curve; --strict makes it fail; --bench FILE, the user's own input, still ends the
+    command with one line (test above)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(os.path.join(ROOT, "sample_traces", "dp2_overlap"), run)
+    for text in ("[" * 100_000 + "]" * 100_000, "{not json", json.dumps({"schema": "something else"})):
+        (run / "diag_bench.json").write_text(text)
+        d = analysis(run, "--no-summaries")
+        assert len(d["ranks"]) == 2
+        (p,) = [p for p in d["problems"] if p["file"].endswith("diag_bench.json")]
+        assert p["problem"], d["problems"]
+        r = CliRunner().invoke(main, ["analyze", str(run), "--no-summaries", "--strict"])
+        assert r.exit_code == 2 and "diag_bench.json" in r.output, r.output
