@@ -365,17 +365,23 @@ def test_the_run_record_gives_the_world_a_gloo_dump_set_cannot(tmp_path):
             in fr_lines(fr)
 
 
+def _gloo_tp2_dp2_without(tmp_path, rank: int):
+    """gloo dumps (no pg_config) of the 4-rank job, `rank`'s missing, beside the run's diag_run.json
+    (tp 2 x dp 2, world 4): flight_record's (record, problems)."""
+    raw = _job()
+    del raw[rank]
+    for d in raw.values():
+        d.pop("pg_config")
+    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4, "tp": 2, "dp": 2}))
+    _write(tmp_path / "flightrec", raw, "json")
+    return flight_record(str(tmp_path))
+
+
 def test_gloo_dumps_without_the_cause_never_blame_its_peer(tmp_path):
     """gloo (no pg_config), rank 3 killed before it dumped: rank 2, stuck in TP with it, is not the
     cause; it may wait there, with rank 3 that left no dump (a member by the run's layout)."""
-    raw = _job()
-    del raw[3]
-    for d in raw.values():
-        d.pop("pg_config")
     # the run's sizes too (a world of 3 from the dumps does not divide by tp 2: no crash)
-    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4, "tp": 2, "dp": 2}))
-    _write(tmp_path / "flightrec", raw, "json")
-    fr, problems = flight_record(str(tmp_path))
+    fr, problems = _gloo_tp2_dp2_without(tmp_path, 3)
     assert not problems and fr.undumped == [3] and fr.cause == [] and fr.layout.startswith("dp2 × tp2")
     assert ": the others wait for" not in " ".join(fr_lines(fr))
     assert _v(fr, [0, 2]).startswith("dp group [0, 2]: rank 2 never entered all_reduce #6 (1 MiB); rank 0 waits")
@@ -419,13 +425,7 @@ def test_html_report_opens_with_the_hang(tmp_path):
 def test_a_cause_beside_a_rank_without_a_dump_says_so(tmp_path):
     """gloo, rank 1's dump missing: rank 3 is still the cause TP waits for, and the line says that it
     shares its DP group with rank 1, which left no dump (it may be what holds rank 3)."""
-    raw = _job()
-    del raw[1]
-    for d in raw.values():
-        d.pop("pg_config")
-    (tmp_path / "diag_run.json").write_text(json.dumps({"schema_version": 2, "world_size": 4, "tp": 2, "dp": 2}))
-    _write(tmp_path / "flightrec", raw, "json")
-    fr, _ = flight_record(str(tmp_path))
+    fr, _ = _gloo_tp2_dp2_without(tmp_path, 1)
     assert fr.cause == [3] and fr.undumped == [1]
     assert fr.cause_last[0].startswith("all_reduce #5 of dp group [1, 3], entered ")
     assert fr.cause_last[0].endswith("; it shares dp group [1, 3] with rank 1, which left no dump")

@@ -234,7 +234,7 @@ def calibrate(d: Diagnosis) -> Calibration:
         (dtype_bytes(meta.dtype or "bf16") or 2)
     grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
-    host_timeline = bool(d.ranks) and all(r.timeline != "gpu" for r in d.ranks)
+    host_timeline = d.host_timeline
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, blocking_gathers=host_timeline)

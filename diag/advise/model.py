@@ -20,10 +20,10 @@ import numpy as np
 from ..analysis.bandwidth import bus_factor
 from ..layout import RankGrid
 from ..trace.kinds import Coll
+from .memory import ZERO_STAGES
 from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
-ZERO_STAGES = (0, 1, 2, 3)
 # The simulation's work: ranks x steps x micro-batches x layers per stage, each a few events in
 # Python (about 4,000 of these units a second). Sizes come from traces, diag_run.json and flags, so a
 # claimed 10^9 layers or 2^40 micro-batches would run for ever: past this, no simulation.

@@ -87,18 +87,17 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
                         "first does under 1F1B (the deferred weight passes keep their layers' inputs)",
                     assumptions=["weight gradients are half of each layer's backward",
                                  "torchtitan: --parallelism.pipeline_parallel_schedule InterleavedZeroBubble; "
-                                 "Megatron-LM has no zero-bubble schedule"] + ([host["caveat"]] if host else []),
-                    **({"confidence": host["confidence"]} if host else {}))
+                                 "Megatron-LM has no zero-bubble schedule"] + ([host] if host else []),
+                    confidence="low" if host else None)
 
 
-def _host_schedule_caveat(ctx: Context) -> dict:
+def _host_schedule_caveat(ctx: Context) -> Optional[str]:
     """On a host (CPU) timeline a pipeline schedule's change costs the runtime's extra work per action,
-    which the model does not price (measured: benchmarks/README.md): low confidence, said."""
-    if not ctx.d.ranks or any(r.timeline == "gpu" for r in ctx.d.ranks):
-        return {}
-    return {"confidence": "low", "caveat": "on a CPU timeline the pipelining runtime's extra host work per action "
-            "is not priced (measured on CPU: interleaved 1F1B +37%, ZB1P -4..+10% against -17..-24% predicted; "
-            "benchmarks/README.md)"}
+    which the model does not price (measured: benchmarks/README.md): said, and the confidence low."""
+    if not ctx.d.host_timeline:
+        return None
+    return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced (measured on "
+            "CPU: interleaved 1F1B +37%, ZB1P -4..+10% against -17..-24% predicted; benchmarks/README.md)")
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
@@ -118,8 +117,8 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
                         "price of v times more pipeline messages, which the model prices on the measured PP link",
                     assumptions=["the fewest virtual stages within 80% of the best predicted gain are proposed"]
-                    + ([host["caveat"]] if host else []),
-                    runnable=INTERLEAVED_RUNNABLE, **({"confidence": host["confidence"]} if host else {}))
+                    + ([host] if host else []),
+                    runnable=INTERLEAVED_RUNNABLE, confidence="low" if host else None)
 
 
 def recompute_off(ctx: Context) -> list[Recommendation]:
@@ -152,11 +151,11 @@ def zero_down(ctx: Context) -> list[Recommendation]:
     if ctx.cal is None or not ctx.cal.config.zero or not (ctx.memory and ctx.capacity):
         return []
     c, cfg = ctx.cal.config, ctx.mem_config
-    fits = [z for z in range(c.zero) if ctx.memory.peak(replace(cfg, zero=z)).total <= ctx.capacity]
-    if not fits:
+    peaks = {z: ctx.memory.peak(replace(cfg, zero=z)).total for z in range(c.zero)}
+    z = next((z for z, peak in peaks.items() if peak <= ctx.capacity), None)
+    if z is None:
         return []
-    z = fits[0]
-    peak = ctx.memory.peak(replace(cfg, zero=z)).total
+    peak = peaks[z]
     e = [ev(f"modelled peak memory with ZeRO-{z} / device memory", peak / ctx.capacity, 1.0, "ratio",
             "docs/memory.md")]
     return ctx.best("zero_down", [(replace(c, zero=z), None, zero_flags(z, before=c.zero))], e,

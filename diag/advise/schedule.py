@@ -162,6 +162,7 @@ class ProgramWriter:
         self.rs: list[Instr] = []       # ZeRO-3's gradient reduce-scatters
         self._seq: dict = {}
         self._rs = 0
+        self._closing = {b[0]: i for i, b in enumerate(costs.buckets)}   # layer that closes each bucket
 
     def _key(self, *what) -> tuple:
         """An event key of this rank: launches and waits never pair across ranks."""
@@ -177,13 +178,12 @@ class ProgramWriter:
         stream: the pass's first layer's when the pass starts (exposed), each next one's when the
         layer before it starts (FSDP's prefetch of one layer)."""
         c, key = self.c, self._key("ag", pass_key, j)
+        gather = self._coll("dp", self.p.dp_group, c.layer_ag_bytes, c.layer_ag_s, "param_all_gather", "all_gather")
         if c.blocking_gathers:
-            self.main.append(self._coll("dp", self.p.dp_group, c.layer_ag_bytes, c.layer_ag_s, "param_all_gather",
-                                        "all_gather"))
+            self.main.append(gather)
             return
         self.ag.append(Instr("wait", key=self._key("ag_go", pass_key, j)))
-        self.ag.append(self._coll("dp", self.p.dp_group, c.layer_ag_bytes, c.layer_ag_s, "param_all_gather",
-                                  "all_gather"))
+        self.ag.append(gather)
         self.ag.append(Instr("launch", key=key))
         if j == 0:
             self.main.append(Instr("launch", key=self._key("ag_go", pass_key, 0)))
@@ -193,15 +193,16 @@ class ProgramWriter:
 
     def _scatter(self) -> None:
         """ZeRO-3: the layer's gradients reduce-scattered on the "rs" stream once its backward ends."""
-        if self.c.blocking_gathers:
-            self.main.append(self._coll("dp", self.p.dp_group, self.c.layer_rs_bytes, self.c.layer_rs_s,
-                                        "grad_reduce_scatter", "reduce_scatter"))
+        c = self.c
+        scatter = self._coll("dp", self.p.dp_group, c.layer_rs_bytes, c.layer_rs_s, "grad_reduce_scatter",
+                             "reduce_scatter")
+        if c.blocking_gathers:
+            self.main.append(scatter)
             return
         go = self._key("rs_go", self._rs)
         self.main.append(Instr("launch", key=go))
         self.rs.append(Instr("wait", key=go))
-        self.rs.append(self._coll("dp", self.p.dp_group, self.c.layer_rs_bytes, self.c.layer_rs_s,
-                                  "grad_reduce_scatter", "reduce_scatter"))
+        self.rs.append(scatter)
         self.rs.append(Instr("launch", key=self._key("rs_done", self._rs)))
         self._rs += 1
 
@@ -271,12 +272,10 @@ class ProgramWriter:
         return range(first, first + per_chunk)
 
     def _gradients_ready(self, layer: int, last: bool) -> None:
-        c = self.c
-        if c.zero >= 3:
+        if self.c.zero >= 3:
             self._scatter()
-        closing = {b[0]: i for i, b in enumerate(c.buckets)}
-        if last and c.overlap_dp and layer in closing:
-            self.main.append(Instr("launch", key=self._key("bucket", closing[layer])))
+        if last and self.c.overlap_dp and layer in self._closing:
+            self.main.append(Instr("launch", key=self._key("bucket", self._closing[layer])))
 
     def grad_sync_and_optimizer(self) -> None:
         """The DP gradient buckets (all-reduced; reduce-scattered under ZeRO-1/2), or under ZeRO-3

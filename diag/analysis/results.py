@@ -143,6 +143,11 @@ class Diagnosis:
     schema_version: str = SCHEMA_VERSION
     tool: str = "diag"
 
+    @property
+    def host_timeline(self) -> bool:
+        """Every rank's timeline is the host's (a CPU-only trace: no GPU activity)."""
+        return bool(self.ranks) and all(r.timeline != "gpu" for r in self.ranks)
+
 
 @dataclass
 class CommOpStat:
