@@ -29,7 +29,7 @@ BASE_US = 1_700_000_000_000_000.0 / 1000.0   # a plausible epoch in microseconds
 STEP_LEAD_US = 20.0     # the host opens a step this long before its first GPU op may start
 LAUNCH_LEAD_US = 5.0    # a kernel is launched this long before it starts (when it can be)
 FIRST_STEP = 10         # ProfilerStep numbers start here, as after a profiler's wait + warmup
-STREAMS = {None: 7, "tp": 20, "pp": 24, "dp": 28, "ag": 32, "rs": 36}   # by axis; ZeRO-3's by model stream
+STREAMS = {None: 7, "tp": 20, "pp": 24, "dp": 28, "ag": 32, "rs": 36, "cp": 40}   # by axis; ZeRO-3's by model stream
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel"
 KERNELS = {"optimizer": "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>"}
 NCCL = {"all_reduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
@@ -59,9 +59,11 @@ class Shape:
 
 
 def _pg_names(config: Config) -> dict:
-    """Process-group member tuple -> (name, axis), numbered as torch would: default_pg is "0"."""
+    """Process-group member tuple -> (name, axis), numbered as torch would: default_pg is "0". With
+    CP, Megatron-LM's groups: the CP group ("cp"), and the DP x CP group the gradients are reduced
+    over ("dp_cp", DATA_PARALLEL_GROUP_WITH_CP) besides the plain DP group."""
     out, n = {}, 1
-    for axis in ("tp", "dp", "pp"):
+    for axis in ("tp", "dp", "pp") + ("cp", "dp_cp") * (config.cp > 1):
         for g in config.grid.groups(axis):
             out[tuple(g)] = (str(n), axis)
             n += 1
@@ -109,9 +111,9 @@ class _RankWriter:
         stream = STREAMS[o.stream[i]] if o.stream[i] in ("ag", "rs") else STREAMS[o.axis[i]]
         args = {"device": self.device, "stream": stream, "correlation": corr, "External id": corr}
         if o.kind[i] == "comm":
-            self._x("user_annotation", f"diag:comm:{o.axis[i]}:{o.op[i]}:{int(o.nbytes[i])}", launch - 1.0, 4.0,
+            name, axis = self.names[tuple(o.group[i])]       # the group's axis: dp_cp for the gradients with CP
+            self._x("user_annotation", f"diag:comm:{axis}:{o.op[i]}:{int(o.nbytes[i])}", launch - 1.0, 4.0,
                     self.pid, self.pid, {"External id": corr})
-            name, axis = self.names[tuple(o.group[i])]
             nel, n = int(o.nbytes[i]) // 2, len(o.group[i])     # nccl-tests S: AG's output, RS's input
             inn, out = {"all_gather": (nel // n, nel), "reduce_scatter": (nel, nel // n)}.get(o.op[i], (nel, nel))
             args.update({"Collective name": COLLECTIVE[o.op[i]], "In msg nelems": inn, "Out msg nelems": out,
@@ -139,7 +141,8 @@ def run_meta(config: Config, workload: Workload, shape: Shape, device_name: str)
     """diag_run.json as the trainer writes it (diag.runmeta, docs/run_metadata.md)."""
     c = config
     return RunFacts(
-        tp=c.tp, pp=c.pp, dp=c.dp, world_size=c.grid.world_size, rank_order="tp-dp-pp",
+        tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, world_size=c.grid.world_size,
+        rank_order="tp-cp-dp-pp" if c.cp > 1 else "tp-dp-pp",
         micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches,
         global_batch_size=c.micro_batch_size * c.num_micro_batches * c.dp, seq_length=shape.seq_length,
         num_layers=workload.num_layers, hidden_size=shape.hidden_size,
