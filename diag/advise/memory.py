@@ -179,7 +179,7 @@ def in_flight(lay: MemoryConfig, stage: int) -> float:
 def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -> Estimate:
     n = params_on_stage(s, lay, stage)
     w, g, o = per_param_bytes(lay.dtype)
-    shard = float(lay.dp)
+    shard = float(lay.dp * lay.cp)      # ZeRO shards over DP x CP (Megatron-LM, torchtitan's dp_shard_cp)
     weights = n * w / (shard if lay.zero >= 3 else 1.0)
     grads = n * g / (shard if lay.zero >= 2 else 1.0)
     optim = n * o / (shard if lay.zero >= 1 else 1.0)
@@ -259,7 +259,7 @@ def fit_ladder(lay: MemoryConfig, attention: Optional[str] = None) -> list[Memor
             out.append(nxt)
     if lay.tp > 1:
         add(sequence_parallel=True)
-    shard = lay.dp > 1                  # sharding over one rank saves nothing
+    shard = lay.dp * lay.cp > 1         # sharding over one rank saves nothing
     if shard:
         add(zero=max(1, out[-1].zero))
         add(zero=max(2, out[-1].zero))
