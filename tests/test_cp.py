@@ -173,6 +173,7 @@ def test_cp_down_is_priced_on_the_model(cp_job):
                                                        LINKS), rel=1e-3)
     assert rec.memory_after_bytes > rec.memory_before_bytes
     assert rec.title.startswith("CP 1 x DP 4 instead of CP 2 x DP 2")
+    assert not rec.runnable and rec.command is None      # the instrumented trainer has no CP
 
 
 def _with_capacity(d, capacity):

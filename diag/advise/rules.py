@@ -38,6 +38,9 @@ DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plat
 # --num-layers-per-virtual-pipeline-stage, torch.distributed.pipelining's ScheduleInterleaved1F1B).
 INTERLEAVED_RUNNABLE = True
 GRAD_BYTES = 4               # the trainer keeps fp32 gradients (calibrate.py assumes the same)
+# The instrumented trainer has no context parallelism (torch's `context_parallel` has no CPU attention
+# sharding strategy): cp_down gives Megatron-LM's flag, with no re-run command.
+CP_RUNNABLE = False
 
 
 def _divisors(n: int) -> list[int]:
@@ -244,7 +247,8 @@ def cp_down(ctx: Context) -> list[Recommendation]:
                         "a smaller group, and the DP ranks that take their place reduce gradients once a step",
                     assumptions=["CP's exchange priced as torch's all-gather rotate method, exposed (docs/model.md); "
                                  "Megatron-LM's ring overlaps part of it with attention, so the gain may be smaller",
-                                 "the data-parallel size follows: world size / (TP x PP x CP)"])
+                                 "the data-parallel size follows: world size / (TP x PP x CP)"],
+                    runnable=CP_RUNNABLE)
 
 
 def _host_fixed_share(ctx: Context) -> float:
