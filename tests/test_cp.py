@@ -223,3 +223,17 @@ def test_small_cp_exchange_proposes_nothing(tmp_path):
     links = dataclasses.replace(LINKS, cp=2e12)
     write_job(simulate(W, C, links, steps=4), str(tmp_path), C, W)
     assert not [r for r in advise(diagnose(load_job(str(tmp_path)))).recommendations if r.rule == "cp_down"]
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_over_dp_times_cp_is_calibrated_back(tmp_path, zero):
+    """ZeRO with CP shards over the DP x CP group (dp_cp): the calibration reads the DP link and the
+    gradient bytes from that group's reduce-scatters and fits the synthesised step."""
+    w = dataclasses.replace(W, grad_bytes=4e9)
+    c = dataclasses.replace(C, zero=zero, bucket_bytes=5e8)
+    write_job(simulate(w, c, LINKS, steps=4), str(tmp_path), c, w)
+    cal = calibrate(diagnose(load_job(str(tmp_path))))
+    assert (cal.config.zero, cal.config.cp, cal.config.dp) == (zero, 2, 2)
+    assert cal.links.dp == pytest.approx(50e9, rel=1e-3) and cal.links.cp == pytest.approx(20e9, rel=1e-3)
+    assert cal.workload.grad_bytes == pytest.approx(4e9, rel=1e-6)
+    assert cal.measured_step_s == pytest.approx(step_time(w, c, LINKS), rel=1e-6) and cal.fit_error < 1e-6
