@@ -237,3 +237,24 @@ def test_zero_over_dp_times_cp_is_calibrated_back(tmp_path, zero):
     assert cal.links.dp == pytest.approx(50e9, rel=1e-3) and cal.links.cp == pytest.approx(20e9, rel=1e-3)
     assert cal.workload.grad_bytes == pytest.approx(4e9, rel=1e-6)
     assert cal.measured_step_s == pytest.approx(step_time(w, c, LINKS), rel=1e-6) and cal.fit_error < 1e-6
+
+
+def test_cp_down_at_dp_one_keeps_the_interleaved_schedule_runnable(tmp_path):
+    """CP 2 x DP 1 x PP 2, interleaved (2 chunks), 2 micro-batches of 2: the DP x CP group has the CP
+    group's members (synth names both, the labels tell them apart). Half the micro-batches (1) would
+    not be a multiple of the 2 stages interleaved 1F1B needs, so cp_down halves the micro-batch size
+    instead: DP 2 x 2 micro-batches of 1, the same 4 sequences a step, priced as the model's step
+    for it (the workload's per-micro-batch compute and messages halved)."""
+    from diag.advise.calibrate import with_micro_batch
+    kv = 2 * KV
+    w = dataclasses.replace(W, cp_bytes_per_layer=kv, tp_bytes_per_layer=kv / 2, p2p_bytes=kv / 2)
+    c = Config(pp=2, cp=2, num_micro_batches=2, micro_batch_size=2, schedule="interleaved", virtual_stages=2)
+    links = dataclasses.replace(LINKS, pp=50e9)
+    write_job(simulate(w, c, links, steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    cal = calibrate(d)
+    assert cal.links.dp == pytest.approx(50e9, rel=1e-3) and cal.links.cp == pytest.approx(20e9, rel=1e-3)
+    (rec,) = [r for r in advise(d).recommendations if r.rule == "cp_down"]
+    assert rec.flags == {"--context-parallel-size": "1", "--micro-batch-size": "1"}
+    after = Config(pp=2, dp=2, num_micro_batches=2, micro_batch_size=1, schedule="interleaved", virtual_stages=2)
+    assert rec.step_s_after == pytest.approx(step_time(with_micro_batch(w, 2, 1), after, links), rel=1e-3)

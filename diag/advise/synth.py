@@ -59,15 +59,27 @@ class Shape:
 
 
 def _pg_names(config: Config) -> dict:
-    """Process-group member tuple -> (name, axis), numbered as torch would: default_pg is "0". With
-    CP, Megatron-LM's groups: the CP group ("cp"), and the DP x CP group the gradients are reduced
-    over ("dp_cp", DATA_PARALLEL_GROUP_WITH_CP) besides the plain DP group."""
+    """Process-group key -> (name, axis), numbered as torch would: default_pg is "0". The key is the
+    member tuple; with CP, Megatron-LM's CP group ("cp") and the DP x CP group the gradients are
+    reduced over ("dp_cp", DATA_PARALLEL_GROUP_WITH_CP) besides the plain DP group, keyed
+    (axis, members): at DP 1 the two have the same members (_pg_key)."""
     out, n = {}, 1
     for axis in ("tp", "dp", "pp") + ("cp", "dp_cp") * (config.cp > 1):
         for g in config.grid.groups(axis):
-            out[tuple(g)] = (str(n), axis)
+            out[(axis, tuple(g)) if axis in ("cp", "dp_cp") else tuple(g)] = (str(n), axis)
             n += 1
     return out
+
+
+def _pg_key(axis: str, group, cp: int):
+    """The _pg_names key of a model op's group: with CP its gradients go over the DP x CP group."""
+    if cp > 1 and axis in ("cp", "dp"):
+        return ("dp_cp" if axis == "dp" else "cp", tuple(group))
+    return tuple(group)
+
+
+def _members(key) -> tuple:
+    return key[1] if isinstance(key[0], str) else key
 
 
 def _distributed_info(rank: int, config: Config, names: dict) -> dict:
@@ -75,7 +87,7 @@ def _distributed_info(rank: int, config: Config, names: dict) -> dict:
     pgs = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world,
             "ranks": list(range(world))}]
     pgs += [{"pg_name": name, "pg_desc": axis, "backend_config": "cuda:nccl", "pg_size": len(g), "ranks": list(g)}
-            for g, (name, axis) in names.items() if rank in g]
+            for g, (name, axis) in ((_members(k), v) for k, v in names.items()) if rank in g]
     return {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": len(names) + 1,
             "pg_config": pgs, "nccl_version": "2.21.5"}
 
@@ -83,8 +95,8 @@ def _distributed_info(rank: int, config: Config, names: dict) -> dict:
 class _RankWriter:
     """The events of one rank, in microseconds on that rank's (possibly skewed) clock."""
 
-    def __init__(self, ops: RankOps, names: dict, skew_s: float):
-        self.ops, self.names = ops, names
+    def __init__(self, ops: RankOps, names: dict, skew_s: float, cp: int = 1):
+        self.ops, self.names, self.cp = ops, names, cp
         self.base = BASE_US + skew_s * US
         self.pid, self.device = 1000 + ops.rank, ops.rank % 8
         self.events: list = []
@@ -111,7 +123,7 @@ class _RankWriter:
         stream = STREAMS[o.stream[i]] if o.stream[i] in ("ag", "rs") else STREAMS[o.axis[i]]
         args = {"device": self.device, "stream": stream, "correlation": corr, "External id": corr}
         if o.kind[i] == "comm":
-            name, axis = self.names[tuple(o.group[i])]       # the group's axis: dp_cp for the gradients with CP
+            name, axis = self.names[_pg_key(o.axis[i], o.group[i], self.cp)]   # dp_cp: the gradients with CP
             self._x("user_annotation", f"diag:comm:{axis}:{o.op[i]}:{int(o.nbytes[i])}", launch - 1.0, 4.0,
                     self.pid, self.pid, {"External id": corr})
             nel, n = int(o.nbytes[i]) // 2, len(o.group[i])     # nccl-tests S: AG's output, RS's input
@@ -168,7 +180,7 @@ def write_job(timeline: Timeline, out_dir: str, config: Config, workload: Worklo
     os.makedirs(out_dir, exist_ok=True)
     names, skew, paths = _pg_names(config), clock_skew_s or {}, []
     for ops in timeline.ranks:
-        data = json.dumps(_RankWriter(ops, names, skew.get(ops.rank, 0.0)).doc(config, device_name)).encode()
+        data = json.dumps(_RankWriter(ops, names, skew.get(ops.rank, 0.0), config.cp).doc(config, device_name)).encode()
         path = os.path.join(out_dir, f"rank-{ops.rank}.pt.trace.json" + (".gz" if gz else ""))
         with open(path, "wb") as f:
             f.write(gzip.compress(data, compresslevel=1) if gz else data)
