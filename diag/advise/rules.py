@@ -233,8 +233,9 @@ def cp_down(ctx: Context) -> list[Recommendation]:
             "Communication by parallel axis")]
     flags, half = {"--context-parallel-size": str(c.cp // 2)}, replace(c, cp=c.cp // 2, dp=c.dp * 2)
     cands = []
-    if c.num_micro_batches % 2 == 0:
-        cands.append((replace(half, num_micro_batches=c.num_micro_batches // 2), None, flags))
+    fewer = c.num_micro_batches // 2       # interleaved 1F1B needs a multiple of the stages
+    if c.num_micro_batches % 2 == 0 and (c.schedule != "interleaved" or fewer % c.pp == 0):
+        cands.append((replace(half, num_micro_batches=fewer), None, flags))
     elif c.micro_batch_size % 2 == 0:
         cands.append((replace(half, micro_batch_size=c.micro_batch_size // 2),
                        with_micro_batch(w, c.micro_batch_size, c.micro_batch_size // 2),
