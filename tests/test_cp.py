@@ -2,10 +2,11 @@
 
 The model (docs/model.md, "Context parallelism"): with CP c each rank computes 1/c of every
 layer; each layer all-gathers K and V of the whole sequence over the CP group before its
-attention in forward, again in backward (and in a recomputed forward), and reduce-scatters dK,
-dV after the attention's backward: torch's all-gather rotate method, exposed on the main stream.
-Each exchange of S bytes over c ranks takes S (c-1)/c / busbw (nccl-tests). Gradients are
-reduced over dp x cp ranks. The numbers below are worked by hand from those formulas.
+attention in forward, again in backward (and in a recomputed forward), and passes its shard of
+dK, dV (in fp32) c times round the ring after the attention's backward: torch's all-gather rotate
+method and its backward, exposed on the main stream. Each all-gather of S bytes, or all-to-all of
+a rank's S bytes, over c ranks takes S (c-1)/c / busbw (nccl-tests). Gradients are reduced over
+dp x cp ranks. The numbers below are worked by hand from those formulas.
 """
 import dataclasses
 import math
@@ -25,35 +26,40 @@ MS = 1e-3
 GiB = float(1 << 30)
 
 
-def test_cp_splits_compute_and_pays_three_exchanges_a_layer():
+def test_cp_splits_compute_and_pays_its_exchanges():
     """One layer, f = 3 ms forward, backward 2f, one micro-batch. CP 1: 3 + 6 = 9 ms.
     CP 2: (3 + 6) / 2 = 4.5 ms of compute; K, V of S = 1e9 B at 100 GB/s over 2 ranks take
-    1e9 x (1/2) / 100e9 = 5 ms each: one all-gather in forward, one all-gather and one
-    reduce-scatter in backward: 4.5 + 3 x 5 = 19.5 ms."""
+    1e9 x (1/2) / 100e9 = 5 ms an all-gather: one in forward, one in backward. dK, dV in fp32 are
+    2e9 B, a rank's shard 1e9 B, permuted twice (c = 2 ring steps), 1e9 x (1/2) / 100e9 = 5 ms
+    each: 4.5 + 2 x 5 + 2 x 5 = 24.5 ms."""
     w = Workload(num_layers=1, fwd_s_per_layer=3 * MS, cp_bytes_per_layer=1e9)
     links = Links(cp=100e9)
     assert step_time(w, Config(), links) == pytest.approx(9 * MS, rel=1e-12)
-    assert step_time(w, Config(cp=2), links) == pytest.approx(19.5 * MS, rel=1e-12)
+    assert step_time(w, Config(cp=2), links) == pytest.approx(24.5 * MS, rel=1e-12)
     ops = simulate(w, Config(cp=2), links).ranks[0]
     cp = [(n, o, b) for n, a, o, b in zip(ops.name, ops.axis, ops.op, ops.nbytes) if a == "cp"]
-    assert cp == [("cp_kv_all_gather", "all_gather", int(1e9))] * 2 + [("cp_dkv_reduce_scatter", "reduce_scatter", int(1e9))]
+    assert cp == [("cp_kv_all_gather", "all_gather", int(1e9))] * 2 + [("cp_dkv_permute", "all_to_all", int(1e9))] * 2
+    # dK and dV given in 16-bit (convert_to_f32 off): a rank's shard is 0.5e9 B, 2.5 ms a permute
+    half = dataclasses.replace(w, cp_grad_bytes_per_layer=1e9)
+    assert step_time(half, Config(cp=2), links) == pytest.approx(19.5 * MS, rel=1e-12)
 
 
 def test_gradients_are_reduced_over_dp_times_cp():
     """The same layer with G = 4e9 B of gradients at 100 GB/s, no overlap. DP 2 alone: all-reduce over 2,
     4e9 x 2(1/2) / 100e9 = 40 ms, step 9 + 40 = 49 ms. CP 2 x DP 2: over 4 ranks, 4e9 x 2(3/4) / 100e9 =
-    60 ms, step 19.5 + 60 = 79.5 ms. CP 2 alone still all-reduces over its 2 ranks: 19.5 + 40 = 59.5 ms."""
+    60 ms, step 24.5 + 60 = 84.5 ms. CP 2 alone still all-reduces over its 2 ranks: 24.5 + 40 = 64.5 ms."""
     w = Workload(num_layers=1, fwd_s_per_layer=3 * MS, cp_bytes_per_layer=1e9, grad_bytes=4e9)
     links = Links(cp=100e9, dp=100e9)
     assert step_time(w, Config(dp=2), links) == pytest.approx(49 * MS, rel=1e-12)
-    assert step_time(w, Config(cp=2, dp=2), links) == pytest.approx(79.5 * MS, rel=1e-12)
-    assert step_time(w, Config(cp=2), links) == pytest.approx(59.5 * MS, rel=1e-12)
+    assert step_time(w, Config(cp=2, dp=2), links) == pytest.approx(84.5 * MS, rel=1e-12)
+    assert step_time(w, Config(cp=2), links) == pytest.approx(64.5 * MS, rel=1e-12)
 
 
 def test_full_recompute_gathers_k_and_v_once_more():
-    """CP 2, full recompute: 4.5 ms + the recomputed forward 1.5 ms + four 5 ms exchanges = 26 ms."""
+    """CP 2, full recompute: 4.5 ms + the recomputed forward 1.5 ms + three 5 ms all-gathers + two 5 ms
+    permutes = 31 ms."""
     w = Workload(num_layers=1, fwd_s_per_layer=3 * MS, cp_bytes_per_layer=1e9, recompute="full")
-    assert step_time(w, Config(cp=2), Links(cp=100e9)) == pytest.approx(26 * MS, rel=1e-12)
+    assert step_time(w, Config(cp=2), Links(cp=100e9)) == pytest.approx(31 * MS, rel=1e-12)
 
 
 def test_cp_shares_the_sequence_with_tp_and_the_pipeline():
@@ -65,6 +71,8 @@ def test_cp_shares_the_sequence_with_tp_and_the_pipeline():
     s = stage_costs(w, c, Links(tp=100e9, cp=50e9, dp=10e9, pp=20e9))
     assert (s.cp, s.cp_bytes, s.tp_bytes, s.p2p_bytes) == (4, 8_000_000, 2_000_000, 1_000_000)
     assert s.cp_s == pytest.approx(8e6 * 3 / 4 / 50e9)
+    assert s.cp_dkv_bytes == 2 * 16_000_000 // (2 * 4)           # fp32 dK, dV / TP, a rank's shard / CP
+    assert s.cp_dkv_s == pytest.approx(4e6 * 3 / 4 / 50e9)
     assert s.fwd_half_s == pytest.approx(8 * MS / 8 / 2)
     assert s.buckets[-1][2] == pytest.approx(s.buckets[-1][1] * 2 * 7 / 8 / 10e9)
 
@@ -143,19 +151,22 @@ def cp_job(tmp_path_factory):
 
 def test_cp_job_is_analysed_and_calibrated_back(cp_job):
     """CP 2 x DP 2, 4 layers, 2 micro-batches, f = 2 ms: compute 2 x 4 x (1 + 2) = 24 ms per rank; each
-    exchange KV (1/2) / 20 GB/s = 0.8389 ms, three per layer per micro-batch: 24 x 0.8389 = 20.13 ms,
-    exposed; gradients 4e8 x 2(3/4) / 50 GB/s = 12 ms over the 4 ranks of DP x CP: 56.13 ms."""
+    all-gather KV (1/2) / 20 GB/s = 0.8389 ms, and each permute of a rank's fp32 dK, dV shard (2 KV / 2 =
+    KV bytes) as long: four per layer per micro-batch, 32 x 0.8389 = 26.84 ms, exposed; gradients
+    4e8 x 2(3/4) / 50 GB/s = 12 ms over the 4 ranks of DP x CP: 62.84 ms."""
     d = cp_job
     assert (d.facts.cp, d.facts.dp, d.facts.tp) == (2, 2, 1)
     exchange = KV * 0.5 / 20e9
-    assert d.throughput.step_time_s == pytest.approx(24 * MS + 24 * exchange + 12 * MS, rel=1e-4)
+    assert d.throughput.step_time_s == pytest.approx(24 * MS + 32 * exchange + 12 * MS, rel=1e-4)
     cp = next(a for a in d.comm.axes if a.axis == "cp")
-    assert cp.exposed_per_step_s == pytest.approx(24 * exchange, rel=1e-3)
+    assert cp.exposed_per_step_s == pytest.approx(32 * exchange, rel=1e-3)
+    assert {o.op for o in d.comm.ops if o.axis == "cp"} == {"all_gather", "all_to_all"}
     assert next(a for a in d.comm.axes if a.axis == "dp_cp").exposed_per_step_s == pytest.approx(12 * MS, rel=1e-3)
     cal = calibrate(d)
     assert cal.config.cp == 2 and cal.config.dp == 2
     assert cal.links.cp == pytest.approx(20e9, rel=1e-3) and cal.links.dp == pytest.approx(50e9, rel=1e-3)
     assert cal.workload.cp_bytes_per_layer == pytest.approx(KV, rel=1e-6)
+    assert cal.workload.cp_grad_bytes_per_layer == pytest.approx(2 * KV, rel=1e-6)   # the all-to-alls' x 2 x 1
     assert cal.workload.fwd_s_per_layer == pytest.approx(2 * MS, rel=1e-3)
     assert cal.fit_error < 1e-3
 
@@ -167,7 +178,7 @@ def test_cp_down_is_priced_on_the_model(cp_job):
     a = advise(cp_job)
     (rec,) = [r for r in a.recommendations if r.rule == "cp_down"]
     assert rec.flags == {"--context-parallel-size": "1"}
-    assert rec.evidence[0].value == pytest.approx(24 * KV * 0.5 / 20e9 / MS, rel=1e-3)
+    assert rec.evidence[0].value == pytest.approx(32 * KV * 0.5 / 20e9 / MS, rel=1e-3)
     assert rec.step_s_after == pytest.approx(36 * MS, rel=1e-3)
     assert rec.step_s_after == pytest.approx(step_time(W, Config(dp=4, num_micro_batches=1, bucket_bytes=1e9),
                                                        LINKS), rel=1e-3)
@@ -209,13 +220,22 @@ def test_cp_unmeasured_is_unknown_not_free(cp_job):
 
 
 def test_cp_bytes_from_the_shape_without_all_gathers(cp_job):
-    """Only the reduce-scatters measured: the bandwidth from them, K and V from the shape:
-    2 x 1 x 2048 x 4096 x 2 B (no query groups: K and V as wide as the hidden size)."""
+    """Only the all-to-alls measured: the bandwidth from them, K and V from the shape:
+    2 x 1 x 2048 x 4096 x 2 B (no query groups: K and V as wide as the hidden size); dK and dV
+    still from the all-to-alls."""
     d = dataclasses.replace(cp_job, comm=dataclasses.replace(cp_job.comm, ops=[
         o for o in cp_job.comm.ops if not (o.axis == "cp" and o.op == "all_gather")]))
     cal = calibrate(d)
     assert cal.workload.cp_bytes_per_layer == KV and cal.links.cp == pytest.approx(20e9, rel=1e-3)
+    assert cal.workload.cp_grad_bytes_per_layer == pytest.approx(2 * KV, rel=1e-6)
     assert any("from the shape" in n for n in cal.assumptions)
+    # and with no all-to-all either: dK, dV in fp32 from K and V's bytes, 2x for the 16-bit run
+    d = dataclasses.replace(d, comm=dataclasses.replace(d.comm, ops=[o for o in d.comm.ops if o.axis != "cp"]
+                                                        + [o for o in cp_job.comm.ops if o.axis == "cp"
+                                                           and o.op == "all_gather"]))
+    cal = calibrate(d)
+    assert cal.workload.cp_grad_bytes_per_layer == pytest.approx(2 * KV, rel=1e-6)
+    assert any("no cp all-to-all measured" in n for n in cal.assumptions)
 
 
 def test_small_cp_exchange_proposes_nothing(tmp_path):

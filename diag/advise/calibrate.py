@@ -92,7 +92,8 @@ def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
     host operators' fixed cost do not."""
     k = new / old
     return replace(w, fwd_s_per_layer=w.fwd_s_per_layer * k, tp_bytes_per_layer=w.tp_bytes_per_layer * k,
-                   p2p_bytes=w.p2p_bytes * k, cp_bytes_per_layer=w.cp_bytes_per_layer * k)
+                   p2p_bytes=w.p2p_bytes * k, cp_bytes_per_layer=w.cp_bytes_per_layer * k,
+                   cp_grad_bytes_per_layer=w.cp_grad_bytes_per_layer * k)
 
 
 def _need(meta: RunFacts, d: Diagnosis, key: str):
@@ -177,16 +178,36 @@ def _dp_axis(d: Diagnosis, zero: int, cp: int = 1) -> str:
     return next((a for a in order if a in axes), "dp")
 
 
-def _cp_exchange(d: Diagnosis, meta: RunFacts, cp: int, tp: int, mbs: int, links: dict, notes: list) -> float:
-    """Bytes of a layer's K and V for one micro-batch at TP 1 (Workload.cp_bytes_per_layer): the
-    measured CP all-gathers' size x TP, else 2 x b x s x (h x query groups / heads) x dtype from the
-    model's shape. Unknown bandwidth or size is an error, never a free exchange."""
+def _cp_exchange(d: Diagnosis, meta: RunFacts, cp: int, tp: int, mbs: int, links: dict,
+                 notes: list) -> tuple[float, float]:
+    """(K and V, dK and dV) bytes of a layer for one micro-batch at TP 1 (Workload.cp_bytes_per_layer,
+    cp_grad_bytes_per_layer). K and V: the measured CP all-gathers' size x TP, else 2 x b x s x (h x query
+    groups / heads) x dtype from the model's shape. dK and dV: the measured CP all-to-alls' size (one
+    rank's shard, permuted round the ring) x CP x TP, else K and V's in fp32 (torch accumulates them
+    in fp32 by default). Unknown bandwidth or size is an error, never a free exchange."""
     if cp <= 1:
-        return 0.0
+        return 0.0, 0.0
     if math.isinf(links["cp"]):
         raise CalibrationError(f"cannot calibrate the step-time model: the layout has CP {cp} but no collective on "
                                "the cp axis with a bus bandwidth was measured, so the CP exchange's cost is unknown "
                                "(not priced as free)")
+    kv = _cp_kv_bytes(d, meta, tp, mbs, notes)
+    a2a = [o for o in (d.comm.ops if d.comm else []) if o.axis == "cp" and o.op == "all_to_all" and o.median_bytes]
+    if a2a:
+        o = max(a2a, key=lambda o: o.time_s)
+        notes.append(f"CP backward: dK, dV {o.median_bytes * cp * tp / 1e6:.4g} MB per layer per micro-batch at TP 1, "
+                     f"from the cp all-to-alls' median size {o.median_bytes / 1e6:.4g} MB (a rank's shard) x CP {cp} "
+                     f"x TP {tp}, permuted {cp} times round the ring")
+        return kv, float(o.median_bytes) * cp * tp
+    width = dtype_bytes(meta.dtype or "bf16") or 2
+    notes.append(f"CP backward: dK, dV in fp32, {4 / width:g}x K and V's bytes, permuted {cp} times round the ring "
+                 "(torch's context_parallel default; no cp all-to-all measured"
+                 + ("; K and V taken as 16-bit: the run's dtype is unknown)" if not meta.dtype else ")"))
+    return kv, kv * 4.0 / width
+
+
+def _cp_kv_bytes(d: Diagnosis, meta: RunFacts, tp: int, mbs: int, notes: list) -> float:
+    """Bytes of a layer's K and V for one micro-batch at TP 1 (see _cp_exchange)."""
     ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "cp" and o.op == "all_gather" and o.median_bytes]
     if ops:
         o = max(ops, key=lambda o: o.time_s)
@@ -262,7 +283,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
              "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],
              "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}
-    cp_bytes = _cp_exchange(d, meta, cp, tp, mbs, busbw, notes)
+    cp_bytes, cp_grad_bytes = _cp_exchange(d, meta, cp, tp, mbs, busbw, notes)
     links = Links(**busbw)
     act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * \
         (dtype_bytes(meta.dtype or "bf16") or 2)
@@ -270,7 +291,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
-                 cp_bytes_per_layer=cp_bytes,
+                 cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, blocking_gathers=host_timeline)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
@@ -280,8 +301,9 @@ def calibrate(d: Diagnosis) -> Calibration:
     if cp > 1:
         notes.append(f"CP {cp}: the sequence split {cp} ways, so compute, TP all-reduces and pipeline messages are "
                      f"1/{cp} per rank (causal attention load-balanced, as Megatron-LM and torchtitan split it); each "
-                     "layer all-gathers K and V over the CP group in forward and in backward and reduce-scatters dK, "
-                     "dV (torch's all-gather rotate method), exposed on the main stream; gradients reduced over "
+                     "layer all-gathers K and V over the CP group in forward and in backward and permutes its dK, dV "
+                     f"shard {cp} times round the ring (torch's all-gather rotate method and its backward), exposed "
+                     "on the main stream; gradients reduced over "
                      f"DP x CP = {dp * cp} ranks")
     if zero:
         notes.append(f"ZeRO-{zero} ({meta.data_parallel_sharding_strategy or 'distributed optimizer'}): "

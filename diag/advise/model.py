@@ -49,6 +49,9 @@ class Workload:
     tp_bytes_per_layer: float = 0.0  # bytes of each TP all-reduce (2 in forward, 2 in backward per layer)
     cp_bytes_per_layer: float = 0.0  # CP: K and V of the whole sequence, one micro-batch, TP = 1: what each
                                      # layer all-gathers over the CP group (docs/model.md); / tp per rank
+    cp_grad_bytes_per_layer: float = 0.0  # CP: dK and dV of the whole sequence, one micro-batch, TP = 1, in the
+                                          # dtype torch passes them round the ring in; 0: twice cp_bytes_per_layer
+                                          # (16-bit K and V, dK and dV accumulated in fp32: torch's default)
     p2p_bytes: float = 0.0          # activation bytes sent between stages per micro-batch
     grad_bytes: float = 0.0         # gradient bytes of the whole unsharded model
     optimizer_s: float = 0.0        # at TP = PP = 1; scales 1 / (tp * pp)
@@ -67,7 +70,7 @@ class Workload:
             raise ValueError(f"num_layers must be a positive integer, got {self.num_layers!r}")
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
-        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
+        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
                      "host_fixed_s_per_layer", "dtensor_s_per_layer", "param_bytes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -191,12 +194,15 @@ def host_fixed_s(w: Workload, c: Config) -> tuple[float, float]:
 
 def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> StageCosts:
     """One rank's costs. CP c splits the sequence: compute, the TP all-reduces and the pipeline
-    messages are 1/c per rank; each layer all-gathers K and V over the CP group (cp_s)."""
+    messages are 1/c per rank; each layer all-gathers K and V over the CP group (cp_s) and, in backward,
+    passes its shard of dK and dV round the ring in c permutes (cp_dkv_s each)."""
     layers = w.num_layers // c.pp
     f = w.fwd_s_per_layer / (c.tp * c.cp) * slowdown
     hf, hb = host_fixed_s(w, c)
     tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer / c.cp), _even(w.p2p_bytes / c.cp)
     cp_bytes = _even(w.cp_bytes_per_layer / c.tp) if c.cp > 1 else 0
+    dkv = (w.cp_grad_bytes_per_layer or 2.0 * w.cp_bytes_per_layer) / (c.tp * c.cp)
+    cp_dkv = _even(dkv) if c.cp > 1 else 0
     n_grad = c.grad_ranks
     zero = c.zero if n_grad > 1 else 0
     grad_layer = w.grad_bytes / (c.tp * w.num_layers)
@@ -214,7 +220,8 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1)), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
-        cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes)
+        cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,
+        cp_dkv_s=gather_s(cp_dkv, c.cp, links.cp, links.latency_s), cp_dkv_bytes=cp_dkv)
 
 
 def place(grid: RankGrid, rank: int) -> Place:

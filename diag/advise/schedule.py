@@ -136,12 +136,15 @@ class StageCosts:
     layer_rs_bytes: int = 0
     blocking_gathers: bool = False  # ZeRO-3's collectives on the main stream, before / after the layer
     # Context parallelism (model.py, docs/model.md): each layer all-gathers K and V over the CP group
-    # before its attention, in forward and again in backward (and in a recomputed forward), and
-    # reduce-scatters dK, dV after its attention's backward; torch's all-gather rotate method, on
-    # the main stream (exposed). Written even where one member stands for the group (cp > 1).
+    # before its attention, in forward and again in backward (and in a recomputed forward), and after
+    # its attention's backward passes its shard of dK, dV round the ring in cp permutes (torch's
+    # all-gather rotate method and its backward), on the main stream (exposed). Written even where
+    # one member stands for the group (cp > 1).
     cp: int = 1
-    cp_s: float = 0.0               # one all-gather (or reduce-scatter) of a layer's K and V
+    cp_s: float = 0.0               # one all-gather of a layer's K and V
     cp_bytes: int = 0
+    cp_dkv_s: float = 0.0           # one permute of the rank's dK, dV shard (an all-to-all on the CP group)
+    cp_dkv_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,12 +238,18 @@ class ProgramWriter:
             self.main.append(self._coll("tp", self.p.tp_group, self.c.tp_bytes, self.c.tp_ar_s, "tp_all_reduce"))
 
     def _cp(self, op: str) -> None:
-        """CP: K and V all-gathered before an attention (op "all_gather"), or dK and dV
-        reduce-scattered after its backward ("reduce_scatter"), over the CP group; none at cp 1."""
+        """CP, over the CP group, none at cp 1: K and V all-gathered before an attention (op
+        "all_gather"), or after its backward the rank's dK, dV shard passed on cp times round the
+        ring ("permute": torch's `permute_tensor`, an all-to-all, once per ring step)."""
         c = self.c
-        if c.cp > 1:
-            name = "cp_kv_all_gather" if op == "all_gather" else "cp_dkv_reduce_scatter"
-            self.main.append(self._coll("cp", self.p.cp_group, c.cp_bytes, c.cp_s, name, op))
+        if c.cp <= 1:
+            return
+        if op == "all_gather":
+            self.main.append(self._coll("cp", self.p.cp_group, c.cp_bytes, c.cp_s, "cp_kv_all_gather", op))
+            return
+        for _ in range(c.cp):
+            self.main.append(self._coll("cp", self.p.cp_group, c.cp_dkv_bytes, c.cp_dkv_s, "cp_dkv_permute",
+                                        "all_to_all"))
 
     def forward(self, mb: int, chunk: int = 0) -> None:
         p, per_chunk = self.p, self.c.layers // self.c.chunks
@@ -272,7 +281,7 @@ class ProgramWriter:
             self._half("bwd_mlp", half)
             self._cp("all_gather")
             self._half("bwd_attn", half)
-            self._cp("reduce_scatter")
+            self._cp("permute")
             if not split:
                 self._gradients_ready(layer, last)
         if (dst := self._virtual(chunk, -1)) is not None:

@@ -36,9 +36,10 @@ NCCL = {"all_reduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArg
         "send": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
         "recv": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
         "all_gather": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-        "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
+        "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "all_to_all": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"}     # NCCL's all-to-all is send/recv
 COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv", "all_gather": "allgather",
-              "reduce_scatter": "reduce_scatter"}
+              "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_allv"}
 
 
 @dataclass(frozen=True)
