@@ -278,3 +278,32 @@ def test_cp_down_at_dp_one_keeps_the_interleaved_schedule_runnable(tmp_path):
     assert rec.flags == {"--context-parallel-size": "1", "--micro-batch-size": "1"}
     after = Config(pp=2, dp=2, num_micro_batches=2, micro_batch_size=1, schedule="interleaved", virtual_stages=2)
     assert rec.step_s_after == pytest.approx(step_time(with_micro_batch(w, 2, 1), after, links), rel=1e-3)
+
+
+def _strip_labels(directory) -> None:
+    """The traces as a framework writes them: no `diag:comm` labels, each op's process group named
+    only by its "Process Group Name" and the rank's pg_config."""
+    import gzip
+    import json
+    import pathlib
+    for p in pathlib.Path(directory).glob("rank-*.pt.trace.json.gz"):
+        doc = json.loads(gzip.decompress(p.read_bytes()))
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("diag:comm")]
+        p.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+def test_same_member_groups_are_told_apart_by_the_ops_group_name(tmp_path):
+    """CP 2 x DP 1: the CP group and the DP x CP group the gradients are all-reduced over have the same
+    members (ranks 0 and 1). Without labels, each op takes the axis its own group's description names:
+    the K/V all-gathers and dK/dV all-to-alls on cp, the gradient all-reduce on dp_cp; the layout is
+    still found (CP 2 from the names), and the model is calibrated back on both links."""
+    c = Config(cp=2, num_micro_batches=2, bucket_bytes=1e9)
+    write_job(simulate(W, c, LINKS, steps=4), str(tmp_path), c, W)
+    _strip_labels(tmp_path)
+    d = diagnose(load_job(str(tmp_path)))
+    assert d.facts.cp == 2
+    ops = {(o.axis, o.op) for o in d.comm.ops}
+    assert ops == {("cp", "all_gather"), ("cp", "all_to_all"), ("dp_cp", "all_reduce")}
+    cal = calibrate(d)
+    assert cal.links.cp == pytest.approx(20e9, rel=1e-3) and cal.links.dp == pytest.approx(50e9, rel=1e-3)
+    assert cal.measured_step_s == pytest.approx(step_time(W, c, LINKS), rel=1e-6) and cal.fit_error < 1e-6
