@@ -307,3 +307,20 @@ def test_same_member_groups_are_told_apart_by_the_ops_group_name(tmp_path):
     cal = calibrate(d)
     assert cal.links.cp == pytest.approx(20e9, rel=1e-3) and cal.links.dp == pytest.approx(50e9, rel=1e-3)
     assert cal.measured_step_s == pytest.approx(step_time(W, c, LINKS), rel=1e-6) and cal.fit_error < 1e-6
+
+
+def test_a_candidate_the_schedule_cannot_take_is_not_proposed(tmp_path):
+    """Interleaved 1F1B, TP 2 x PP 2, 2 chunks of 1 layer a stage, 2 micro-batches, a slow TP link:
+    tp_layout's candidates are TP 1 x PP 4 (4 layers over 4 stages x 2 chunks: not divisible) and TP 1 x
+    DP 2 with 1 micro-batch (not a multiple of the 2 stages). Neither can be laid out: neither is
+    proposed, and the other rules' recommendations are still made (one rule's invalid candidate used to
+    end the whole recommender with a note)."""
+    w = dataclasses.replace(W, tp_bytes_per_layer=2e8)
+    c = Config(tp=2, pp=2, num_micro_batches=2, schedule="interleaved", virtual_stages=2)
+    links = Links(tp=5e9, pp=50e9)
+    write_job(simulate(w, c, links, steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    assert next(a for a in d.comm.axes if a.axis == "tp").exposed_per_step_s > 0.1 * d.throughput.step_time_s
+    a = advise(d)
+    assert not [r for r in a.recommendations if r.rule == "tp_layout"]
+    assert not any("could not be computed" in n for n in a.calibration)

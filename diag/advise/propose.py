@@ -148,6 +148,8 @@ class Context:
                 priced.append((self.cal.predict(c, w, slowdown), c, f, w))
             except ModelTooBig:                      # past what the model simulates: not priced
                 continue
+            except ValueError:                       # a layout its schedule cannot take (layers or micro-
+                continue                             # batches not divisible as interleaved 1F1B needs)
         if not priced:
             return []
         after, config, flags, work = min(priced, key=lambda x: x[0])
