@@ -239,7 +239,8 @@ class Layout:
 
 
 class RankGrid(Layout):
-    """The TP x PP x DP layout in Megatron-LM's order: `RankGrid(tp=2, pp=2, dp=2)`."""
+    """The TP x PP x DP layout in Megatron-LM's order: `RankGrid(tp=2, pp=2, dp=2)`; with `cp` the
+    context-parallel axis between TP and DP (RANK_ORDER), left out at cp 1."""
 
-    def __init__(self, tp: int, pp: int, dp: int, source: str = "") -> None:
-        super().__init__((("pp", pp), ("dp", dp), ("tp", tp)), source)
+    def __init__(self, tp: int, pp: int, dp: int, source: str = "", cp: int = 1) -> None:
+        super().__init__((("pp", pp), ("dp", dp)) + ((("cp", cp),) if cp != 1 else ()) + (("tp", tp),), source)

@@ -78,11 +78,13 @@ class Calibration:
 
 def two_replicas(config: Config, links: Links) -> tuple[Config, Links]:
     """DP replicas run the same schedule, so simulate two: the simulation's cost grows with the
-    ranks simulated. The DP links are slowed by the bus factor 2(n-1)/n of the real n, so an
-    all-reduce over two takes exactly what it takes over n (nccl-tests: t = S * f(n) / busbw)."""
+    ranks simulated. The DP links are slowed by the bus factor 2(n-1)/n of the real n (dp x cp ranks
+    reduce the gradients) over that of the simulated 2 x cp, so an all-reduce over them takes exactly
+    what it takes over n (nccl-tests: t = S * f(n) / busbw)."""
     if config.dp <= 2:
         return config, links
-    return replace(config, dp=2), replace(links, dp=links.dp / bus_factor(Coll.ALL_REDUCE, config.dp))
+    slower = bus_factor(Coll.ALL_REDUCE, config.grad_ranks) / bus_factor(Coll.ALL_REDUCE, 2 * config.cp)
+    return replace(config, dp=2), replace(links, dp=links.dp / slower)
 
 
 def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
@@ -90,7 +92,8 @@ def with_micro_batch(w: Workload, old: int, new: int) -> Workload:
     host operators' fixed cost do not."""
     k = new / old
     return replace(w, fwd_s_per_layer=w.fwd_s_per_layer * k, tp_bytes_per_layer=w.tp_bytes_per_layer * k,
-                   p2p_bytes=w.p2p_bytes * k)
+                   p2p_bytes=w.p2p_bytes * k, cp_bytes_per_layer=w.cp_bytes_per_layer * k,
+                   cp_grad_bytes_per_layer=w.cp_grad_bytes_per_layer * k)
 
 
 def _need(meta: RunFacts, d: Diagnosis, key: str):
@@ -167,11 +170,60 @@ def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[fl
     return o.busbw_median_gbps * 1e9, o.median_bytes
 
 
-def _dp_axis(d: Diagnosis, zero: int) -> str:
-    """The axis the DP gradients travel on: FSDP's shard axis under ZeRO when the trace has it."""
-    if zero and any(o.axis == "dp_shard" for o in (d.comm.ops if d.comm else [])):
-        return "dp_shard"
-    return "dp"
+def _dp_axis(d: Diagnosis, zero: int, cp: int = 1) -> str:
+    """The axis the DP gradients travel on: FSDP's shard axis under ZeRO when the trace has it; with
+    CP the group that folds it in (dp_shard_cp, dp_cp) when the trace names it."""
+    axes = {o.axis for o in (d.comm.ops if d.comm else [])}
+    order = (("dp_shard_cp",) * (cp > 1) + ("dp_shard",)) * bool(zero) + ("dp_cp",) * (cp > 1)
+    return next((a for a in order if a in axes), "dp")
+
+
+def _cp_exchange(d: Diagnosis, meta: RunFacts, cp: int, tp: int, mbs: int, links: dict,
+                 notes: list) -> tuple[float, float]:
+    """(K and V, dK and dV) bytes of a layer for one micro-batch at TP 1 (Workload.cp_bytes_per_layer,
+    cp_grad_bytes_per_layer). K and V: the measured CP all-gathers' size x TP, else 2 x b x s x (h x query
+    groups / heads) x dtype from the model's shape. dK and dV: the measured CP all-to-alls' size (one
+    rank's shard, permuted round the ring) x CP x TP, else K and V's in fp32 (torch accumulates them
+    in fp32 by default). Unknown bandwidth or size is an error, never a free exchange."""
+    if cp <= 1:
+        return 0.0, 0.0
+    if math.isinf(links["cp"]):
+        raise CalibrationError(f"cannot calibrate the step-time model: the layout has CP {cp} but no collective on "
+                               "the cp axis with a bus bandwidth was measured, so the CP exchange's cost is unknown "
+                               "(not priced as free)")
+    kv = _cp_kv_bytes(d, meta, tp, mbs, notes)
+    a2a = [o for o in (d.comm.ops if d.comm else []) if o.axis == "cp" and o.op == "all_to_all" and o.median_bytes]
+    if a2a:
+        o = max(a2a, key=lambda o: o.time_s)
+        notes.append(f"CP backward: dK, dV {o.median_bytes * cp * tp / 1e6:.4g} MB per layer per micro-batch at TP 1, "
+                     f"from the cp all-to-alls' median size {o.median_bytes / 1e6:.4g} MB (a rank's shard) x CP {cp} "
+                     f"x TP {tp}, permuted {cp} times round the ring")
+        return kv, float(o.median_bytes) * cp * tp
+    width = dtype_bytes(meta.dtype or "bf16") or 2
+    notes.append(f"CP backward: dK, dV in fp32, {4 / width:g}x K and V's bytes, permuted {cp} times round the ring "
+                 "(torch's context_parallel default; no cp all-to-all measured"
+                 + ("; K and V taken as 16-bit: the run's dtype is unknown)" if not meta.dtype else ")"))
+    return kv, kv * 4.0 / width
+
+
+def _cp_kv_bytes(d: Diagnosis, meta: RunFacts, tp: int, mbs: int, notes: list) -> float:
+    """Bytes of a layer's K and V for one micro-batch at TP 1 (see _cp_exchange)."""
+    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "cp" and o.op == "all_gather" and o.median_bytes]
+    if ops:
+        o = max(ops, key=lambda o: o.time_s)
+        notes.append(f"CP exchange {o.median_bytes * tp / 1e6:.4g} MB of K and V per layer per micro-batch at TP 1: "
+                     f"the cp all-gathers' median size {o.median_bytes / 1e6:.4g} MB x TP {tp}")
+        return float(o.median_bytes) * tp
+    seq, h = meta.seq_length, meta.hidden_size
+    if not (seq and h):
+        raise CalibrationError("cannot calibrate the step-time model: the CP exchange's size is unknown (no cp "
+                               "all-gather in the trace, and seq_length or hidden_size unknown)")
+    groups, heads = meta.num_query_groups, meta.num_attention_heads
+    kv = h * groups / heads if groups and heads else h
+    nbytes = 2.0 * mbs * seq * kv * (dtype_bytes(meta.dtype or "bf16") or 2)
+    notes.append(f"CP exchange {nbytes / 1e6:.4g} MB per layer per micro-batch at TP 1, from the shape: K and V, "
+                 f"2 x {mbs} x {seq} x {kv:g} x {dtype_bytes(meta.dtype or 'bf16') or 2} B (no cp all-gather measured)")
+    return nbytes
 
 
 def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, zero: int, m: int, notes: list) -> float:
@@ -180,7 +232,7 @@ def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, zero: int, m: int, no
     if meta.parameter_count:
         notes.append("gradients fp32: 4 bytes per parameter of diag_run.json's parameter_count")
         return 4.0 * float(meta.parameter_count)
-    axis, op = _dp_axis(d, zero), "reduce_scatter" if zero else "all_reduce"
+    axis, op = _dp_axis(d, zero, int(meta.cp or 1)), "reduce_scatter" if zero else "all_reduce"
     ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == axis and o.op == op and o.median_bytes]
     per_rank = sum(o.median_bytes * o.calls / max(o.ranks, 1) for o in ops) / _steps(d) / (m if zero >= 3 else 1)
     if ops:
@@ -202,8 +254,8 @@ def _schedule(meta: RunFacts) -> dict:
 
 def calibrate(d: Diagnosis) -> Calibration:
     meta = d.facts
-    tp, pp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1))
-    dp = int(meta.dp or max(1, (d.world_size or 1) // (tp * pp)))
+    tp, pp, cp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1)), int(meta.cp or 1)
+    dp = int(meta.dp or max(1, (d.world_size or 1) // (tp * pp * cp)))
     layers, mbs = int(_need(meta, d, "num_layers")), int(_need(meta, d, "micro_batch_size"))
     m = int(_need(meta, d, "num_micro_batches"))
     step = d.throughput.step_time_s if d.throughput else None
@@ -220,28 +272,39 @@ def calibrate(d: Diagnosis) -> Calibration:
     fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
     scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
     mean_c = float(np.mean(scaled))
-    fwd = mean_c * tp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))
+    fwd = mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))
     slowdown = {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {}
-    notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1, from {mean_c * 1e3:.3g} ms "
+    notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1{' and CP=1' * (cp > 1)}, from {mean_c * 1e3:.3g} ms "
                  f"compute per stage per step (optimizer, embedding and loss folded in)"
                  + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost" if fixed else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
     zero = zero_stage(meta)
-    links = Links(tp=_axis_link(d, "tp", notes)[0], pp=_axis_link(d, "pp", notes)[0],
-                  dp=_axis_link(d, _dp_axis(d, zero), notes)[0])
+    busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
+             "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],
+             "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}
+    cp_bytes, cp_grad_bytes = _cp_exchange(d, meta, cp, tp, mbs, busbw, notes)
+    links = Links(**busbw)
     act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * \
         (dtype_bytes(meta.dtype or "bf16") or 2)
     grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
+                 cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, blocking_gathers=host_timeline)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
-               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero)
+               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp)
+    if cp > 1:
+        notes.append(f"CP {cp}: the sequence split {cp} ways, so compute, TP all-reduces and pipeline messages are "
+                     f"1/{cp} per rank (causal attention load-balanced, as Megatron-LM and torchtitan split it); each "
+                     "layer all-gathers K and V over the CP group in forward and in backward and permutes its dK, dV "
+                     f"shard {cp} times round the ring (torch's all-gather rotate method and its backward), exposed "
+                     "on the main stream; gradients reduced over "
+                     f"DP x CP = {dp * cp} ranks")
     if zero:
         notes.append(f"ZeRO-{zero} ({meta.data_parallel_sharding_strategy or 'distributed optimizer'}): "
                      + ("each layer's parameters all-gathered before its forward and its backward, one layer "

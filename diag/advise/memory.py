@@ -12,8 +12,8 @@ Per rank, in bytes (docs/memory.md works every term by hand):
 - weights, gradients and optimizer states per parameter (ZeRO, Rajbhandari et al. 2020; Megatron-LM
   mixed precision): bf16 weights 2 + fp32 main gradients 4 + Adam fp32 master, m, v 12 = 18 bytes;
   fp32 training 4 + 4 + 8 = 16. ZeRO stage 1 (`--use-distributed-optimizer`, sharding `optim`)
-  divides the optimizer states by dp, stage 2 (`optim_grads`) the gradients too, stage 3
-  (`optim_grads_params`, FSDP) the weights too;
+  divides the optimizer states by dp (dp · cp with context parallelism), stage 2 (`optim_grads`)
+  the gradients too, stage 3 (`optim_grads_params`, FSDP) the weights too;
 - activations per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", table 2; 16-bit activations, x2 for fp32):
   no TP s·b·h·(34 + 5·a·s/h); TP t s·b·h·(10 + 24/t + 5·a·s/(h·t)); TP with sequence parallelism
@@ -179,7 +179,7 @@ def in_flight(lay: MemoryConfig, stage: int) -> float:
 def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -> Estimate:
     n = params_on_stage(s, lay, stage)
     w, g, o = per_param_bytes(lay.dtype)
-    shard = float(lay.dp)
+    shard = float(lay.dp * lay.cp)      # ZeRO shards over DP x CP (Megatron-LM, torchtitan's dp_shard_cp)
     weights = n * w / (shard if lay.zero >= 3 else 1.0)
     grads = n * g / (shard if lay.zero >= 2 else 1.0)
     optim = n * o / (shard if lay.zero >= 1 else 1.0)
@@ -259,7 +259,7 @@ def fit_ladder(lay: MemoryConfig, attention: Optional[str] = None) -> list[Memor
             out.append(nxt)
     if lay.tp > 1:
         add(sequence_parallel=True)
-    shard = lay.dp > 1                  # sharding over one rank saves nothing
+    shard = lay.dp * lay.cp > 1         # sharding over one rank saves nothing
     if shard:
         add(zero=max(1, out[-1].zero))
         add(zero=max(2, out[-1].zero))

@@ -1,4 +1,4 @@
-"""Step-time model of a 3D-parallel (TP x PP x DP) GPT training step.
+"""Step-time model of a 3D-parallel (TP x PP x DP, and context parallel: CP) GPT training step.
 
 Problem: to predict what a configuration change buys (recommendations) and to test the
 analyser against traces whose truth is known (synth.py), diag needs one model of where a
@@ -47,6 +47,11 @@ class Workload:
     fwd_s_per_layer: float          # forward of one layer, one micro-batch, TP = 1
     bwd_ratio: float = 2.0          # backward / forward
     tp_bytes_per_layer: float = 0.0  # bytes of each TP all-reduce (2 in forward, 2 in backward per layer)
+    cp_bytes_per_layer: float = 0.0  # CP: K and V of the whole sequence, one micro-batch, TP = 1: what each
+                                     # layer all-gathers over the CP group (docs/model.md); / tp per rank
+    cp_grad_bytes_per_layer: float = 0.0  # CP: dK and dV of the whole sequence, one micro-batch, TP = 1, in the
+                                          # dtype torch passes them round the ring in; 0: twice cp_bytes_per_layer
+                                          # (16-bit K and V, dK and dV accumulated in fp32: torch's default)
     p2p_bytes: float = 0.0          # activation bytes sent between stages per micro-batch
     grad_bytes: float = 0.0         # gradient bytes of the whole unsharded model
     optimizer_s: float = 0.0        # at TP = PP = 1; scales 1 / (tp * pp)
@@ -65,7 +70,7 @@ class Workload:
             raise ValueError(f"num_layers must be a positive integer, got {self.num_layers!r}")
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
-        for name in ("tp_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
+        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
                      "host_fixed_s_per_layer", "dtensor_s_per_layer", "param_bytes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -88,9 +93,17 @@ class Config:
     bucket_bytes: float = 40e6
     zero: int = 0                   # ZeRO stage over the DP ranks (docs/model.md): 0 all-reduce, 1-2 reduce-
                                     # scatter + parameter all-gather, 3 per-layer all-gathers (FSDP)
+    cp: int = 1                     # context parallel: the sequence split cp ways (--context-parallel-size);
+                                    # gradients reduced over dp x cp ranks
+
+    @property
+    def grad_ranks(self) -> int:
+        """The ranks the gradients are reduced (or ZeRO-sharded) over: DP x CP (Megatron-LM's
+        DATA_PARALLEL_GROUP_WITH_CP, torchtitan's dp_shard_cp / dp_cp)."""
+        return self.dp * self.cp
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "num_micro_batches", "micro_batch_size", "virtual_stages"):
+        for name in ("tp", "pp", "dp", "num_micro_batches", "micro_batch_size", "virtual_stages", "cp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Config.{name} must be a positive integer, got {v!r}")
@@ -105,7 +118,7 @@ class Config:
 
     @property
     def grid(self) -> RankGrid:
-        return RankGrid(tp=self.tp, pp=self.pp, dp=self.dp)
+        return RankGrid(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp)
 
     def check(self, workload: Workload) -> None:
         chunks = self.pp * self.virtual_stages
@@ -121,9 +134,10 @@ class Links:
     pp: float = math.inf
     dp: float = math.inf
     latency_s: float = 0.0
+    cp: float = math.inf
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp"):
+        for name in ("tp", "pp", "dp", "cp"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Links.{name} busbw must be > 0 bytes/s, got {getattr(self, name)!r}")
         if not self.latency_s >= 0:
@@ -156,8 +170,9 @@ def _even(nbytes: float) -> int:
 
 def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> tuple:
     """Gradient buckets in backward order (last layer first): (closing layer, bytes, seconds);
-    all-reduced, or reduce-scattered under ZeRO-1/2; none under ZeRO-3 (per layer instead)."""
-    if c.dp == 1 or c.zero >= 3:
+    all-reduced over DP x CP, or reduce-scattered under ZeRO-1/2; none under ZeRO-3 (per layer instead)."""
+    n = c.grad_ranks
+    if n == 1 or c.zero >= 3:
         return ()
     sync = gather_s if c.zero else allreduce_s
     out, acc = [], 0.0
@@ -165,7 +180,7 @@ def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> 
         acc += bytes_per_layer
         if acc >= c.bucket_bytes or layer == layers - 1:
             b = _even(acc)
-            out.append((layer, b, sync(b, c.dp, links.dp, links.latency_s)))
+            out.append((layer, b, sync(b, n, links.dp, links.latency_s)))
             acc = 0.0
     return tuple(out)
 
@@ -178,16 +193,23 @@ def host_fixed_s(w: Workload, c: Config) -> tuple[float, float]:
 
 
 def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> StageCosts:
+    """One rank's costs. CP c splits the sequence: compute, the TP all-reduces and the pipeline
+    messages are 1/c per rank; each layer all-gathers K and V over the CP group (cp_s) and, in backward,
+    passes its shard of dK and dV round the ring in c permutes (cp_dkv_s each)."""
     layers = w.num_layers // c.pp
-    f = w.fwd_s_per_layer / c.tp * slowdown
+    f = w.fwd_s_per_layer / (c.tp * c.cp) * slowdown
     hf, hb = host_fixed_s(w, c)
-    tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer), _even(w.p2p_bytes)
-    zero = c.zero if c.dp > 1 else 0
+    tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer / c.cp), _even(w.p2p_bytes / c.cp)
+    cp_bytes = _even(w.cp_bytes_per_layer / c.tp) if c.cp > 1 else 0
+    dkv = (w.cp_grad_bytes_per_layer or 2.0 * w.cp_bytes_per_layer) / (c.tp * c.cp)
+    cp_dkv = _even(dkv) if c.cp > 1 else 0
+    n_grad = c.grad_ranks
+    zero = c.zero if n_grad > 1 else 0
     grad_layer = w.grad_bytes / (c.tp * w.num_layers)
     param_layer = (w.param_bytes or w.grad_bytes) / (c.tp * w.num_layers)
     ag_stage = _even(param_layer * layers) if zero in (1, 2) else 0
     ag_layer, rs_layer = (_even(param_layer), _even(grad_layer)) if zero >= 3 else (0, 0)
-    gather = (lambda b: gather_s(b, c.dp, links.dp, links.latency_s) if b else 0.0)
+    gather = (lambda b: gather_s(b, n_grad, links.dp, links.latency_s) if b else 0.0)
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
         bwd_half_s=(f * w.bwd_ratio + hb) / 2 + w.launch_overhead_s,
@@ -195,17 +217,19 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
-        optimizer_s=w.optimizer_s / (c.tp * c.pp * (c.dp if zero else 1)), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
+        optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1)), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
-        layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer)
+        layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
+        cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,
+        cp_dkv_s=gather_s(cp_dkv, c.cp, links.cp, links.latency_s), cp_dkv_bytes=cp_dkv)
 
 
 def place(grid: RankGrid, rank: int) -> Place:
     co = grid.coords(rank)
-    def nb(s): return grid.rank(co.tp_rank, s, co.dp_rank) if 0 <= s < grid.pp else None
+    def nb(s): return grid.rank(tp=co.tp_rank, cp=co.cp_rank, pp=s, dp=co.dp_rank) if 0 <= s < grid.pp else None
     return Place(rank=rank, stage=co.pp_rank, stages=grid.pp, tp_group=tuple(grid.group_of(rank, "tp")),
-                 dp_group=tuple(grid.group_of(rank, "dp")), pp_group=tuple(grid.group_of(rank, "pp")),
-                 prev_rank=nb(co.pp_rank - 1), next_rank=nb(co.pp_rank + 1))
+                 dp_group=tuple(grid.group_of(rank, ("dp", "cp"))), pp_group=tuple(grid.group_of(rank, "pp")),
+                 prev_rank=nb(co.pp_rank - 1), next_rank=nb(co.pp_rank + 1), cp_group=tuple(grid.group_of(rank, "cp")))
 
 
 def _merge(starts, ends) -> list:
@@ -243,7 +267,7 @@ class RankOps:
     dur_s: np.ndarray
     kind: tuple                     # "compute" | "comm"
     name: tuple
-    axis: tuple                     # "tp" | "pp" | "dp" | None
+    axis: tuple                     # "tp" | "cp" | "pp" | "dp" | None
     op: tuple                       # "all_reduce" | "all_gather" | "reduce_scatter" | "send" | "recv" | None
     nbytes: np.ndarray
     group: tuple                    # member ranks of the op's process group
@@ -329,15 +353,17 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
     stage_slowdown {stage: factor} scales a stage's compute (imbalance); rank_delay {rank: s}
     holds one rank back by s seconds at the start of each step (a straggler), or by s[k % len(s)]
     at the start of step k when s is a sequence (ranks taking turns being late).
-    fold_tp: simulate one rank of each TP group (the Timeline's grid has tp 1), its TP all-reduces
-    lasting what they last over config.tp: the members of a TP group run the same program and arrive
-    together, so the step is the same (tests/test_model.py) at 1/tp of the cost. Not with rank_delay.
+    fold_tp: simulate one rank of each TP group and of each CP group (the Timeline's grid has tp 1 and
+    cp 1), its TP all-reduces and CP exchanges lasting what they last over config.tp and config.cp (and
+    its gradient reductions what they last over dp x cp): the members of a TP or CP group run the same
+    program and arrive together, so the step is the same (tests/test_model.py, tests/test_cp.py) at
+    1/(tp cp) of the cost. Not with rank_delay.
     """
     config.check(workload)
     if steps < 1:
         raise ValueError("steps must be >= 1")
     if fold_tp and rank_delay:
-        raise ValueError("fold_tp needs every TP member alike: no rank_delay")
+        raise ValueError("fold_tp needs every TP and CP member alike: no rank_delay")
     grid = RankGrid(tp=1, pp=config.pp, dp=config.dp) if fold_tp else config.grid
     units = sim_units(workload, config, steps, grid.world_size)
     if units > MAX_SIM_UNITS:
@@ -377,7 +403,7 @@ def _timeline(grid: RankGrid, steps: int, records, marks, ends) -> Timeline:
 
 
 def step_time(workload: Workload, config: Config, links: Links, **kw) -> float:
-    """Seconds per steady-state step (one rank of each TP group simulated where they are alike)."""
+    """Seconds per steady-state step (one rank of each TP and CP group simulated where they are alike)."""
     return simulate(workload, config, links, steps=2, fold_tp=not kw.get("rank_delay"), **kw).step_time_s
 
 

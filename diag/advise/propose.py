@@ -68,7 +68,7 @@ class Context:
         now = self.memory.peak(self.mem_config)
         after_cfg = replace(self.mem_config, **changes)
         if config is not None:
-            after_cfg = replace(after_cfg, tp=config.tp, pp=config.pp, dp=config.dp,
+            after_cfg = replace(after_cfg, tp=config.tp, pp=config.pp, dp=config.dp, cp=config.cp,
                                 micro_batch_size=config.micro_batch_size, num_micro_batches=config.num_micro_batches,
                                 schedule=config.schedule, virtual_stages=config.virtual_stages)
         after = self.memory.peak(after_cfg)
@@ -148,6 +148,8 @@ class Context:
                 priced.append((self.cal.predict(c, w, slowdown), c, f, w))
             except ModelTooBig:                      # past what the model simulates: not priced
                 continue
+            except ValueError:                       # a layout its schedule cannot take (layers or micro-
+                continue                             # batches not divisible as interleaved 1F1B needs)
         if not priced:
             return []
         after, config, flags, work = min(priced, key=lambda x: x[0])

@@ -27,7 +27,7 @@ class Evidence:
 
 @dataclass
 class Recommendation:
-    rule: str                          # bubble | dp_overlap | dp_bucket | tp_layout | micro_batch | rebalance | bf16 | straggler
+    rule: str                          # bubble | dp_overlap | dp_bucket | tp_layout | cp_down | micro_batch | rebalance | bf16 | straggler
                                        # | <axis>_exposed (unpriced: the model could not be calibrated)
     title: str                         # one line: the change, in words
     evidence: list[Evidence]

@@ -20,6 +20,7 @@ from .memory import zero_flags
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
 DP_EXPOSED_MIN = 0.05      # exposed DP communication, fraction of the step
 TP_EXPOSED_MIN = 0.10      # exposed TP communication, fraction of the step
+CP_EXPOSED_MIN = 0.10      # exposed CP communication, fraction of the step
 IDLE_MIN = 0.10            # GPU (or host) idle, fraction of the step
 HOST_FIXED_MIN = 0.10      # host operators' fixed cost (CPU timelines), fraction of the step
 SHORT_KERNEL_US = 50.0     # median compute kernel shorter than this: launch-bound on GPU
@@ -37,6 +38,9 @@ DP_CURVE_SHARE = 0.7         # DP messages getting under 70% of the curve's plat
 # --num-layers-per-virtual-pipeline-stage, torch.distributed.pipelining's ScheduleInterleaved1F1B).
 INTERLEAVED_RUNNABLE = True
 GRAD_BYTES = 4               # the trainer keeps fp32 gradients (calibrate.py assumes the same)
+# The instrumented trainer has no context parallelism (torch's `context_parallel` has no CPU attention
+# sharding strategy): cp_down gives Megatron-LM's flag, with no re-run command.
+CP_RUNNABLE = False
 
 
 def _divisors(n: int) -> list[int]:
@@ -171,8 +175,10 @@ def zero_down(ctx: Context) -> list[Recommendation]:
 
 
 def dp_overlap(ctx: Context) -> list[Recommendation]:
-    """Exposed DP gradient all-reduce -> --overlap-grad-reduce, else a different bucket size."""
-    a = ctx.axis("dp")
+    """Exposed DP gradient all-reduce -> --overlap-grad-reduce, else a different bucket size. With CP
+    the gradients travel over the DP x CP group (dp_cp) when the trace names it."""
+    cp = ctx.cal is not None and ctx.cal.config.cp > 1
+    a = (ctx.axis("dp_cp") if cp else None) or ctx.axis("dp")
     if a is None or ctx.cal is None or (a.exposed_per_step_s or 0) < DP_EXPOSED_MIN * ctx.step_s:
         return []
     c = ctx.cal.config
@@ -211,6 +217,39 @@ def tp_layout(ctx: Context) -> list[Recommendation]:
                     why="TP all-reduces sit on the critical path of every layer; fewer TP ranks send fewer, and PP "
                         "or DP traffic is smaller or hidden",
                     assumptions=["stages assumed balanced in the new layout"])
+
+
+def cp_down(ctx: Context) -> list[Recommendation]:
+    """Exposed context-parallel exchange -> half the CP ranks and twice the DP at the same world size
+    and global batch (half the micro-batches, else micro-batches half the size), priced on the model;
+    each rank then holds twice the sequence, so the memory model checks the fit (and pairs a memory
+    lever, or drops the change, when it does not)."""
+    a = ctx.axis("cp")
+    if a is None or ctx.cal is None or ctx.cal.config.cp < 2 or ctx.cal.config.cp % 2 \
+            or (a.exposed_per_step_s or 0) < CP_EXPOSED_MIN * ctx.step_s:
+        return []
+    c, w = ctx.cal.config, ctx.cal.workload
+    e = [ev("exposed CP communication", a.exposed_per_step_s * 1e3, CP_EXPOSED_MIN * ctx.step_s * 1e3, "ms/step",
+            "Communication by parallel axis")]
+    flags, half = {"--context-parallel-size": str(c.cp // 2)}, replace(c, cp=c.cp // 2, dp=c.dp * 2)
+    cands = []
+    fewer = c.num_micro_batches // 2       # interleaved 1F1B needs a multiple of the stages
+    if c.num_micro_batches % 2 == 0 and (c.schedule != "interleaved" or fewer % c.pp == 0):
+        cands.append((replace(half, num_micro_batches=fewer), None, flags))
+    elif c.micro_batch_size % 2 == 0:
+        cands.append((replace(half, micro_batch_size=c.micro_batch_size // 2),
+                       with_micro_batch(w, c.micro_batch_size, c.micro_batch_size // 2),
+                       {**flags, "--micro-batch-size": str(c.micro_batch_size // 2)}))
+    return ctx.best("cp_down", cands, e, lambda k: f"CP {k.cp} x DP {k.dp} instead of CP {c.cp} x DP {c.dp} "
+                    f"({k.num_micro_batches} micro-batch{'es' * (k.num_micro_batches > 1)} of {k.micro_batch_size}, "
+                    "same global batch)",
+                    why="every layer all-gathers K and V over the CP group in forward and backward and "
+                        "reduce-scatters their gradients, on the critical path; half the CP ranks exchange over "
+                        "a smaller group, and the DP ranks that take their place reduce gradients once a step",
+                    assumptions=["CP's exchange priced as torch's all-gather rotate method, exposed (docs/model.md); "
+                                 "Megatron-LM's ring overlaps part of it with attention, so the gain may be smaller",
+                                 "the data-parallel size follows: world size / (TP x PP x CP)"],
+                    runnable=CP_RUNNABLE)
 
 
 def _host_fixed_share(ctx: Context) -> float:
@@ -462,4 +501,4 @@ def unpriced(ctx: Context) -> list[Recommendation]:
     return out
 
 
-RULES = (bubble, recompute_off, zero_down, dp_overlap, dp_bucket_curve, tp_layout, micro_batch, rebalance, bf16, straggler, unpriced)
+RULES = (bubble, recompute_off, zero_down, dp_overlap, dp_bucket_curve, tp_layout, cp_down, micro_batch, rebalance, bf16, straggler, unpriced)

@@ -27,7 +27,7 @@ class Instr:
     what: str                       # one of WHATS
     name: str = ""
     dur_s: float = 0.0              # compute / idle: its length; send / coll: the transfer time
-    axis: Optional[str] = None      # tp | pp | dp for communication
+    axis: Optional[str] = None      # tp | cp | pp | dp for communication
     op: Optional[str] = None        # all_reduce | send | recv
     nbytes: int = 0
     group: tuple = ()               # process-group member ranks
@@ -135,6 +135,16 @@ class StageCosts:
     layer_rs_s: float = 0.0         # ZeRO-3: one layer's gradients reduce-scattered
     layer_rs_bytes: int = 0
     blocking_gathers: bool = False  # ZeRO-3's collectives on the main stream, before / after the layer
+    # Context parallelism (model.py, docs/model.md): each layer all-gathers K and V over the CP group
+    # before its attention, in forward and again in backward (and in a recomputed forward), and after
+    # its attention's backward passes its shard of dK, dV round the ring in cp permutes (torch's
+    # all-gather rotate method and its backward), on the main stream (exposed). Written even where
+    # one member stands for the group (cp > 1).
+    cp: int = 1
+    cp_s: float = 0.0               # one all-gather of a layer's K and V
+    cp_bytes: int = 0
+    cp_dkv_s: float = 0.0           # one permute of the rank's dK, dV shard (an all-to-all on the CP group)
+    cp_dkv_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,7 @@ class Place:
     pp_group: tuple
     prev_rank: Optional[int]
     next_rank: Optional[int]
+    cp_group: tuple = ()
 
 
 class ProgramWriter:
@@ -226,6 +237,20 @@ class ProgramWriter:
         if self.c.tp > 1:
             self.main.append(self._coll("tp", self.p.tp_group, self.c.tp_bytes, self.c.tp_ar_s, "tp_all_reduce"))
 
+    def _cp(self, op: str) -> None:
+        """CP, over the CP group, none at cp 1: K and V all-gathered before an attention (op
+        "all_gather"), or after its backward the rank's dK, dV shard passed on cp times round the
+        ring ("permute": torch's `permute_tensor`, an all-to-all, once per ring step)."""
+        c = self.c
+        if c.cp <= 1:
+            return
+        if op == "all_gather":
+            self.main.append(self._coll("cp", self.p.cp_group, c.cp_bytes, c.cp_s, "cp_kv_all_gather", op))
+            return
+        for _ in range(c.cp):
+            self.main.append(self._coll("cp", self.p.cp_group, c.cp_dkv_bytes, c.cp_dkv_s, "cp_dkv_permute",
+                                        "all_to_all"))
+
     def forward(self, mb: int, chunk: int = 0) -> None:
         p, per_chunk = self.p, self.c.layers // self.c.chunks
         if (src := self._virtual(chunk, -1)) is not None:
@@ -233,6 +258,7 @@ class ProgramWriter:
         for j in range(per_chunk):
             if self.c.zero >= 3:
                 self._gather(("F", mb, chunk), j, per_chunk)
+            self._cp("all_gather")
             self._half("fwd_attn", self.c.fwd_half_s)
             self._half("fwd_mlp", self.c.fwd_half_s)
         if (dst := self._virtual(chunk, +1)) is not None:
@@ -250,9 +276,12 @@ class ProgramWriter:
             if c.zero >= 3:
                 self._gather(("B", mb, chunk), j, per_chunk)
             if c.recompute_s > 0:
+                self._cp("all_gather")
                 self.main.append(Instr("compute", "recompute_fwd", c.recompute_s))
             self._half("bwd_mlp", half)
+            self._cp("all_gather")
             self._half("bwd_attn", half)
+            self._cp("permute")
             if not split:
                 self._gradients_ready(layer, last)
         if (dst := self._virtual(chunk, -1)) is not None:

@@ -29,16 +29,17 @@ BASE_US = 1_700_000_000_000_000.0 / 1000.0   # a plausible epoch in microseconds
 STEP_LEAD_US = 20.0     # the host opens a step this long before its first GPU op may start
 LAUNCH_LEAD_US = 5.0    # a kernel is launched this long before it starts (when it can be)
 FIRST_STEP = 10         # ProfilerStep numbers start here, as after a profiler's wait + warmup
-STREAMS = {None: 7, "tp": 20, "pp": 24, "dp": 28, "ag": 32, "rs": 36}   # by axis; ZeRO-3's by model stream
+STREAMS = {None: 7, "tp": 20, "pp": 24, "dp": 28, "ag": 32, "rs": 36, "cp": 40}   # by axis; ZeRO-3's by model stream
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel"
 KERNELS = {"optimizer": "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>"}
 NCCL = {"all_reduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
         "send": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
         "recv": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
         "all_gather": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-        "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
+        "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "all_to_all": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"}     # NCCL's all-to-all is send/recv
 COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv", "all_gather": "allgather",
-              "reduce_scatter": "reduce_scatter"}
+              "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_allv"}
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,27 @@ class Shape:
 
 
 def _pg_names(config: Config) -> dict:
-    """Process-group member tuple -> (name, axis), numbered as torch would: default_pg is "0"."""
+    """Process-group key -> (name, axis), numbered as torch would: default_pg is "0". The key is the
+    member tuple; with CP, Megatron-LM's CP group ("cp") and the DP x CP group the gradients are
+    reduced over ("dp_cp", DATA_PARALLEL_GROUP_WITH_CP) besides the plain DP group, keyed
+    (axis, members): at DP 1 the two have the same members (_pg_key)."""
     out, n = {}, 1
-    for axis in ("tp", "dp", "pp"):
+    for axis in ("tp", "dp", "pp") + ("cp", "dp_cp") * (config.cp > 1):
         for g in config.grid.groups(axis):
-            out[tuple(g)] = (str(n), axis)
+            out[(axis, tuple(g)) if axis in ("cp", "dp_cp") else tuple(g)] = (str(n), axis)
             n += 1
     return out
+
+
+def _pg_key(axis: str, group, cp: int):
+    """The _pg_names key of a model op's group: with CP its gradients go over the DP x CP group."""
+    if cp > 1 and axis in ("cp", "dp"):
+        return ("dp_cp" if axis == "dp" else "cp", tuple(group))
+    return tuple(group)
+
+
+def _members(key) -> tuple:
+    return key[1] if isinstance(key[0], str) else key
 
 
 def _distributed_info(rank: int, config: Config, names: dict) -> dict:
@@ -73,7 +88,7 @@ def _distributed_info(rank: int, config: Config, names: dict) -> dict:
     pgs = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": world,
             "ranks": list(range(world))}]
     pgs += [{"pg_name": name, "pg_desc": axis, "backend_config": "cuda:nccl", "pg_size": len(g), "ranks": list(g)}
-            for g, (name, axis) in names.items() if rank in g]
+            for g, (name, axis) in ((_members(k), v) for k, v in names.items()) if rank in g]
     return {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": len(names) + 1,
             "pg_config": pgs, "nccl_version": "2.21.5"}
 
@@ -81,8 +96,8 @@ def _distributed_info(rank: int, config: Config, names: dict) -> dict:
 class _RankWriter:
     """The events of one rank, in microseconds on that rank's (possibly skewed) clock."""
 
-    def __init__(self, ops: RankOps, names: dict, skew_s: float):
-        self.ops, self.names = ops, names
+    def __init__(self, ops: RankOps, names: dict, skew_s: float, cp: int = 1):
+        self.ops, self.names, self.cp = ops, names, cp
         self.base = BASE_US + skew_s * US
         self.pid, self.device = 1000 + ops.rank, ops.rank % 8
         self.events: list = []
@@ -109,9 +124,9 @@ class _RankWriter:
         stream = STREAMS[o.stream[i]] if o.stream[i] in ("ag", "rs") else STREAMS[o.axis[i]]
         args = {"device": self.device, "stream": stream, "correlation": corr, "External id": corr}
         if o.kind[i] == "comm":
-            self._x("user_annotation", f"diag:comm:{o.axis[i]}:{o.op[i]}:{int(o.nbytes[i])}", launch - 1.0, 4.0,
+            name, axis = self.names[_pg_key(o.axis[i], o.group[i], self.cp)]   # dp_cp: the gradients with CP
+            self._x("user_annotation", f"diag:comm:{axis}:{o.op[i]}:{int(o.nbytes[i])}", launch - 1.0, 4.0,
                     self.pid, self.pid, {"External id": corr})
-            name, axis = self.names[tuple(o.group[i])]
             nel, n = int(o.nbytes[i]) // 2, len(o.group[i])     # nccl-tests S: AG's output, RS's input
             inn, out = {"all_gather": (nel // n, nel), "reduce_scatter": (nel, nel // n)}.get(o.op[i], (nel, nel))
             args.update({"Collective name": COLLECTIVE[o.op[i]], "In msg nelems": inn, "Out msg nelems": out,
@@ -139,7 +154,8 @@ def run_meta(config: Config, workload: Workload, shape: Shape, device_name: str)
     """diag_run.json as the trainer writes it (diag.runmeta, docs/run_metadata.md)."""
     c = config
     return RunFacts(
-        tp=c.tp, pp=c.pp, dp=c.dp, world_size=c.grid.world_size, rank_order="tp-dp-pp",
+        tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, world_size=c.grid.world_size,
+        rank_order="tp-cp-dp-pp" if c.cp > 1 else "tp-dp-pp",
         micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches,
         global_batch_size=c.micro_batch_size * c.num_micro_batches * c.dp, seq_length=shape.seq_length,
         num_layers=workload.num_layers, hidden_size=shape.hidden_size,
@@ -165,7 +181,7 @@ def write_job(timeline: Timeline, out_dir: str, config: Config, workload: Worklo
     os.makedirs(out_dir, exist_ok=True)
     names, skew, paths = _pg_names(config), clock_skew_s or {}, []
     for ops in timeline.ranks:
-        data = json.dumps(_RankWriter(ops, names, skew.get(ops.rank, 0.0)).doc(config, device_name)).encode()
+        data = json.dumps(_RankWriter(ops, names, skew.get(ops.rank, 0.0), config.cp).doc(config, device_name)).encode()
         path = os.path.join(out_dir, f"rank-{ops.rank}.pt.trace.json" + (".gz" if gz else ""))
         with open(path, "wb") as f:
             f.write(gzip.compress(data, compresslevel=1) if gz else data)

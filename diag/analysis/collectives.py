@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..layout import AXES, UNKNOWN as AXIS_UNKNOWN, axis_index
+from ..layout import AXES, UNKNOWN as AXIS_UNKNOWN, axis_index, axis_of_desc
 from ..trace.kinds import Coll, Kind, coll_from_arg
 from ..trace.table import RankTrace
 from . import intervals as iv
@@ -130,6 +130,30 @@ def _facts(rt: RankTrace, rows: np.ndarray, dtype_bytes: Optional[np.ndarray] = 
     return coll, group, size, nbytes
 
 
+def _named_axes(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
+    """Per row, the axis its own process group's description names (this rank's pg_config, by the
+    op's "Process Group Name"), else unknown. Groups with the same members can be different axes
+    (CP and the DP x CP group at DP 1; DP and DP x CP at CP 1): the members cannot tell them apart,
+    the op's group name can."""
+    out = np.full(rows.size, AXIS_UNKNOWN, np.int8)
+    by_name = {str(pg.get("pg_name")): axis_of_desc(pg.get("pg_desc")) for pg in rt.pg_config if isinstance(pg, dict)}
+    if not any(by_name.values()):
+        return out
+    c, by_row, sym = rt.comms, _comm_args(rt), rt.events.symbols
+    for i, r in enumerate(rows):
+        j = by_row.get(int(r))
+        if j is not None and c.pg[j] >= 0 and (axis := by_name.get(sym[int(c.pg[j])])):
+            out[i] = axis_index(axis)
+    return out
+
+
+def _fill_named(axis: np.ndarray, rt: RankTrace, rows: np.ndarray) -> None:
+    """Unlabelled ops take the axis their process group's description names."""
+    todo = axis == AXIS_UNKNOWN
+    if todo.any():
+        axis[todo] = _named_axes(rt, rows[todo])
+
+
 def _fill(dst_coll, dst_group, dst_size, dst_bytes, src, prefer_coll=False):
     coll, group, size, nbytes = src
     take = (dst_coll == Coll.UNKNOWN) | (prefer_coll & (coll != Coll.UNKNOWN))
@@ -156,6 +180,12 @@ def gpu_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     axis, lcoll, lbytes = _label_info(t, label)
     coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
     nbytes[nbytes < 0] = lbytes[nbytes < 0]
+    _fill_named(axis, rt, rows)
+    for pred in (lambda s: s == "record_param_comms", C10D_RE.match):     # the launching op's group name
+        host = enclosing(t, lts, lth, pred)
+        todo = (axis == AXIS_UNKNOWN) & (host >= 0)
+        if todo.any():
+            axis[todo] = _named_axes(rt, host[todo])
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
     implied_group_size(rc, rt.pg_config)
     return rc
@@ -188,6 +218,7 @@ def host_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
         axis, lcoll, lbytes = _label_info(t, np.where(labels[pick], rows, -1))
         coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
         nbytes[nbytes < 0] = lbytes[nbytes < 0]
+    _fill_named(axis, rt, rows)
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute, work, sig)
     implied_group_size(rc, rt.pg_config)
     return rc

@@ -112,7 +112,9 @@ def _named_groups(pg_configs: list[list]) -> tuple[dict, list]:
             axis = axis_of_desc(desc)
             if key is None:
                 continue
-            if axis:
+            if axis and (key not in named or named[key] not in BASE_AXES):
+                # one set of members named twice (CP and DP x CP at DP 1): the base axis holds the
+                # key, for the grid; each op still takes its own group's axis (collectives.py)
                 named[key] = axis
             elif desc != "default_pg" and key not in unnamed:
                 unnamed.append(key)
