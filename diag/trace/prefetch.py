@@ -57,7 +57,8 @@ def decode_ahead(path: str) -> None:
     """Once path's bytes, read ahead (start), are there, fork workers that decode its events
     (chunks.decode_ahead) while this process goes on importing the analysis on the other core.
     Imports numpy and the decoder (this process needs them anyway; the workers inherit them) and
-    waits for the read first: no thread runs when the workers are forked."""
+    waits for the read first: no thread runs when the workers are forked (none is forked where
+    other threads run, as in the dashboard's server)."""
     ahead = _AHEAD.get(path)
     if ahead is None or ahead.decoding:
         return
@@ -67,5 +68,5 @@ def decode_ahead(path: str) -> None:
     if not chunks.forks():
         return
     ahead.join()
-    if ahead.error is None:
+    if ahead.error is None and threading.active_count() == 1:     # a server's threads: no fork here
         chunks.decode_ahead(path, ahead.data)
