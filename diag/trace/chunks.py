@@ -404,8 +404,8 @@ def decode_ahead(path: str, data) -> None:
     """Fork workers that decode the events of the trace whose bytes are data (read.read_file of
     path), while this process goes on (importing the analysis); parallel_chunks takes their
     results when the loader decodes the same bytes. Nothing is started where it does not pay
-    (one core, no fork, a small file) or the top level cannot be read: the loader then reads
-    the file as before and reports what is wrong with it."""
+    (one core, no fork, a small file, every core busy: _idle_core) or the top level cannot be
+    read: the loader then reads the file as before and reports what is wrong with it."""
     from .read import decode_trace
 
     if _AHEAD or not forks() or not _idle_core():
