@@ -4,7 +4,9 @@ Exit codes: 0 success; 2 bad input or usage (the message names the file and the 
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import gc
 import importlib
 import os
 import sys
@@ -117,6 +119,9 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     from .runinputs import prefetch_trace
 
     prefetch_trace(path, inputs)          # first: listing what the run reads imports the analysis
+    # At exit the interpreter collects and frees every object left (~0.03 s of a 0.4 s run);
+    # frozen, they are left to the end of the process.
+    atexit.register(gc.freeze)
     read = run_files(path, inputs) if output or timeline else []
     refuse_or_exit(output, lambda: read, force)
     refuse_or_exit(timeline, lambda: read + ([output] if output and output != "-" else []), force)

@@ -134,13 +134,16 @@ def open_run(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Call
 
 
 def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
-    """Start reading (and inflating) a single trace file in a thread while the analysis imports
-    (trace.prefetch), unless its summary is what will be read. Light: call it first."""
+    """Start reading (and inflating) a single trace file in a thread while numpy and the decoder
+    are imported, then decoding its events in forked workers while the analysis is imported
+    (trace.prefetch), unless its summary is what will be read. Call it first: the file is
+    opened before anything heavy is imported."""
     from .trace import prefetch
     from .trace.discover import SUMMARY_SUFFIX
 
     if not (inputs.use_summaries and os.path.exists(path + SUMMARY_SUFFIX)):
         prefetch.start(path)
+        prefetch.decode_ahead(path)
 
 
 def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):

@@ -127,3 +127,56 @@ def test_threads_fast_path_equals_loose(ids):
                "tid": [tid, 12, 2, tid][i % 4], "ts": float(i), "dur": 1.0} for i in range(40)]
     a = _both_ways(events)
     assert len(a.threads) == len(set(a.threads))
+
+
+NCCL = os.path.join(DATA, "a100_rank0_of_2_nccl_args", "nccl_data.json.gz")
+
+
+def test_decoded_ahead_equals_whole(monkeypatch):
+    """`diag analyze FILE` forks the decoding workers once the bytes are read (prefetch.decode_ahead),
+    before the analysis is imported; the loader takes their chunks: the same table."""
+    from diag.trace import prefetch
+
+    whole = table_of(NCCL, monkeypatch, 1 << 40, 1)
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    monkeypatch.setattr(schema, "CHUNK_BYTES", 256 << 10)
+    prefetch.start(NCCL)
+    prefetch.decode_ahead(NCCL)
+    assert len(chunks._AHEAD) == 1 and chunks._AHEAD[0].workers
+    spread, closed = chunks._AHEAD[0], []
+    close = chunks.Spread.close
+    monkeypatch.setattr(chunks.Spread, "close", lambda self, kill=False: closed.append(kill) or close(self, kill))
+    assert_same(whole, table_of(NCCL, monkeypatch, 256 << 10, 2))
+    assert chunks._AHEAD == [] and spread.workers == [] and closed == [False]   # its results taken
+
+
+def test_decoded_ahead_for_other_bytes_is_ended(monkeypatch, tmp_path):
+    """Bytes decoded ahead that the loader does not decode (here: another file) are let go: the
+    workers killed and reaped, the file loaded as if nothing had been started."""
+    from diag.trace import prefetch
+
+    whole = table_of(NCCL, monkeypatch, 1 << 40, 1)
+    other = tmp_path / "other.json.gz"
+    other.write_bytes(open(NCCL, "rb").read())
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    prefetch.start(str(other))
+    prefetch.decode_ahead(str(other))
+    spread = chunks._AHEAD[0]
+    prefetch._AHEAD.clear()
+    assert_same(whole, table_of(NCCL, monkeypatch, 1 << 20, 2))
+    assert chunks._AHEAD == [] and spread.workers == []
+
+
+def test_chunks_of_a_dead_worker_are_decoded_here(monkeypatch):
+    import signal
+
+    whole = table_of(NCCL, monkeypatch, 1 << 40, 1)
+    data = gzip.decompress(open(NCCL, "rb").read())
+    array = schema.decode(data).traceEvents
+    monkeypatch.setattr(schema, "CHUNK_BYTES", 64 << 10)
+    ranges = schema.chunk_ranges(array)
+    spread = chunks.Spread(array, ranges, 1)
+    os.kill(spread.workers[0][0], signal.SIGKILL)
+    got = spread.results()
+    assert len(got) == len(ranges) and all(got)
+    assert sum(c.rows for c in got) == len(whole[0].events)

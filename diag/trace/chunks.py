@@ -7,11 +7,13 @@ communication rows. The builder remaps local ids onto the rank's table.
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
+import signal
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, eq, index
 from typing import Iterator, Optional
 
@@ -21,9 +23,11 @@ import numpy as np
 from . import schema
 from .columns import sparse_column
 from .commtable import host_comm_mask
+from .errors import TraceError
 from .gemms import gemm_shapes
 from .memevents import chunk_memory
 from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_kind
+from .mapped import _address
 from .read import release
 from .symbols import SymbolTable
 
@@ -246,16 +250,114 @@ def chunk_columns(chunk: list) -> ChunkCols:
 
 
 # --- across cores -------------------------------------------------------------------------
-_SHARED: Optional[memoryview] = None      # the events array, inherited by forked workers
+_TOKEN = 4                    # bytes of one chunk's index in the pipe the workers take chunks from
+# From this size of the events array a single trace is decoded ahead (decode_ahead): the fork
+# and the results' pickling cost a few ms, a MB of events ~5 ms to decode.
+AHEAD_MIN_BYTES = 1 << 20
 
 
-def _work(rng: tuple[int, int]):
+def _work(array, start: int, stop: int) -> Optional[ChunkCols]:
     try:
-        events = schema.decode_range(_SHARED, *rng)
-        release(_SHARED, *rng)
+        events = schema.decode_range(array, start, stop)
+        release(array, start, stop)
         return chunk_columns(events)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return None                       # a cut inside an event: the caller decodes whole
+
+
+def _taken(fd: int) -> Iterator[int]:
+    """Chunk indices taken from the pipe fd until it is empty (its writing end is closed)."""
+    while len(b := os.read(fd, _TOKEN)) == _TOKEN:      # a write of <= PIPE_BUF bytes is atomic
+        yield int.from_bytes(b, "little")
+
+
+def _serve(array, ranges: list, tokens: int, out) -> int:
+    """A worker: decode the chunks it takes, then send each (index, ChunkCols or None) to out (a
+    multiprocessing Connection, as a Pool's worker sends its results). Sent once all are done:
+    the parent reads them only when it needs them, and a full pipe would stop the decoding; each
+    is let go as it is sent, so the two processes together hold one copy of the results."""
+    try:
+        done = {i: _work(array, *ranges[i]) for i in _taken(tokens)}
+        for i in list(done):
+            out.send((i, done.pop(i)))
+        out.close()
+        return 0
+    except BaseException:                 # the parent decodes what it did not get
+        return 1
+
+
+def _gathered(conn) -> Iterator[tuple]:
+    """What a worker sent, up to its end (or its death)."""
+    try:
+        while True:
+            yield conn.recv()
+    except (EOFError, OSError):
+        return
+
+
+class Spread:
+    """The chunks of one events array (ranges) decoded by forked worker processes and by this
+    one. Their indices wait in a pipe; each worker takes the next until none is left and sends
+    back what it made (arrays, local names, a few Args) once done. results() has this process
+    take chunks from the same pipe too, and then gathers the workers' (a chunk a dead worker
+    took is decoded here). Started early (decode_ahead), the workers decode while this process
+    imports the analysis; the workers share the file's bytes with it (copy-on-write)."""
+
+    def __init__(self, array, ranges: list, n: int) -> None:
+        self.array, self.ranges, self.workers = array, ranges, []
+        self.tokens, w = os.pipe()
+        os.set_blocking(w, False)
+        self.left = []                    # indices the pipe had no room for: this process's
+        for i in range(len(ranges)):
+            try:
+                os.write(w, i.to_bytes(_TOKEN, "little"))
+            except BlockingIOError:
+                self.left = list(range(i, len(ranges)))
+                break
+        os.close(w)                       # an empty pipe now reads as its end
+        for _ in range(n):
+            r, w = multiprocessing.Pipe(duplex=False)
+            pid = os.fork()
+            if pid == 0:                  # the worker: never back into the caller's code
+                code = 1
+                try:
+                    for conn in [r] + [other for _, other in self.workers]:
+                        conn.close()
+                    code = _serve(array, ranges, self.tokens, w)
+                finally:
+                    os._exit(code)
+            w.close()
+            self.workers.append((pid, r))
+
+    def results(self) -> list:
+        """Every chunk's ChunkCols (None where a cut fell inside an event), in order."""
+        done: dict = {}
+        ok = False
+        try:
+            for i in chain(_taken(self.tokens), self.left):
+                done[i] = _work(self.array, *self.ranges[i])
+            for _, r in self.workers:
+                done.update(_gathered(r))
+            ok = True
+        finally:
+            self.close(kill=not ok)
+        return [done[i] if i in done else _work(self.array, *self.ranges[i]) for i in range(len(self.ranges))]
+
+    def close(self, kill: bool = False) -> None:
+        """Close the pipes and reap the workers (killed first with kill: their results unwanted)."""
+        if self.tokens < 0:
+            return
+        os.close(self.tokens)
+        self.tokens = -1
+        for pid, r in self.workers:
+            if kill:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            r.close()                     # a worker still sending gets EPIPE and ends
+            os.waitpid(pid, 0)
+        self.workers = []
 
 
 def workers() -> int:
@@ -269,21 +371,78 @@ def workers() -> int:
         return os.cpu_count() or 1
 
 
+def forks() -> bool:
+    """Whether a file's chunks may be decoded in forked workers here."""
+    return workers() >= 2 and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _checked(results: list) -> Iterator[ChunkCols]:
+    if any(r is None for r in results):
+        raise schema.ChunkingError(0)
+    return iter(results)
+
+
 def parallel_chunks(array) -> Optional[Iterator[ChunkCols]]:
-    """ChunkCols of every chunk, in order, decoded by forked workers; None if not worth it."""
-    global _SHARED
-    n = workers()
-    if n < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    """ChunkCols of every chunk, in order, decoded across the cores (Spread): the array decoded
+    ahead (decode_ahead) when it was, else now; None if not worth it."""
+    ahead = _claimed(array)
+    if ahead is not None:
+        return _checked(ahead.results())
+    if not forks():
         return None
     ranges = schema.chunk_ranges(array) if len(memoryview(array)) > 2 * schema.CHUNK_BYTES else []
     if len(ranges) < MIN_PARALLEL_CHUNKS:
         return None
-    _SHARED = memoryview(array)
+    return _checked(Spread(array, ranges, min(workers(), len(ranges)) - 1).results())
+
+
+# --- ahead: a single trace's events decoded while the analysis is imported ------------------
+_AHEAD: list = []                         # the Spread of the one trace decoded ahead
+
+
+def decode_ahead(path: str, data) -> None:
+    """Fork workers that decode the events of the trace whose bytes are data (read.read_file of
+    path), while this process goes on (importing the analysis); parallel_chunks takes their
+    results when the loader decodes the same bytes. Nothing is started where it does not pay
+    (one core, no fork, a small file, every core busy: _idle_core) or the top level cannot be
+    read: the loader then reads the file as before and reports what is wrong with it."""
+    from .read import decode_trace
+
+    if _AHEAD or not forks() or not _idle_core():
+        return
     try:
-        with multiprocessing.get_context("fork").Pool(min(n, len(ranges))) as pool:
-            results = pool.map(_work, ranges, chunksize=1)
-    finally:
-        _SHARED = None
-    if any(r is None for r in results):
-        raise schema.ChunkingError(0)
-    return iter(results)
+        array = decode_trace(path, data).traceEvents
+        ranges = schema.chunk_ranges(array) if len(memoryview(array)) >= AHEAD_MIN_BYTES else []
+    except (TraceError, ValueError):
+        return
+    if ranges:
+        _AHEAD.append(Spread(array, ranges, min(workers() - 1, len(ranges))))
+        atexit.register(_cancel)
+
+
+def _idle_core() -> bool:
+    """Whether a worker forked now would find a core to itself: DIAG_WORKERS, where set, says so;
+    else the last minute's load average is below the usable cores. Where every core is busy, the
+    worker adds its fork and copied pages (~0.03 CPU s) to a small file and takes off nothing."""
+    if os.environ.get("DIAG_WORKERS"):
+        return True
+    try:
+        return os.getloadavg()[0] < workers()
+    except OSError:
+        return True
+
+
+def _claimed(array) -> Optional[Spread]:
+    """The Spread decoding array ahead, if any (taken once); one decoding other bytes is ended."""
+    if not _AHEAD:
+        return None
+    spread = _AHEAD.pop()
+    if (_address(spread.array), len(memoryview(spread.array))) == (_address(array), len(memoryview(array))):
+        return spread
+    spread.close(kill=True)
+    return None
+
+
+def _cancel() -> None:
+    while _AHEAD:
+        _AHEAD.pop().close(kill=True)

@@ -22,6 +22,7 @@ class _Ahead(threading.Thread):
         self.path, self.read = path, read
         self.data: Any = None
         self.error: Optional[BaseException] = None
+        self.decoding = False             # decode_ahead has been asked for
 
     def run(self) -> None:
         try:
@@ -50,3 +51,22 @@ def take(path: str) -> tuple[bool, Any]:
     if ahead.error is not None:
         raise ahead.error
     return True, ahead.data
+
+
+def decode_ahead(path: str) -> None:
+    """Once path's bytes, read ahead (start), are there, fork workers that decode its events
+    (chunks.decode_ahead) while this process goes on importing the analysis on the other core.
+    Imports numpy and the decoder (this process needs them anyway; the workers inherit them) and
+    waits for the read first: no thread runs when the workers are forked (none is forked where
+    other threads run, as in the dashboard's server)."""
+    ahead = _AHEAD.get(path)
+    if ahead is None or ahead.decoding:
+        return
+    ahead.decoding = True
+    from . import chunks
+
+    if not chunks.forks():
+        return
+    ahead.join()
+    if ahead.error is None and threading.active_count() == 1:     # a server's threads: no fork here
+        chunks.decode_ahead(path, ahead.data)
