@@ -66,6 +66,10 @@ def test_atheris_finds_no_crash_hang_or_memory_blowup(tmp_path):
            f"-max_len={MAX_LEN}", "-timeout=20", "-rss_limit_mb=2048", "-print_final_stats=1",
            f"-dict={os.path.join(HERE, 'fuzz_kineto.dict')}", f"-artifact_prefix={tmp_path}/",
            str(corpus), str(seeds)]
+    # libFuzzer's -rss_limit_mb reads ru_maxrss, which survives exec: started straight from this test
+    # process, the fuzzer began with pytest's own peak (2.8 GB late in a full run: an "oom" before any
+    # input had grown). A small process in between forks it, so it starts from its own memory.
+    cmd = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))", *cmd]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 300, cwd=ROOT,
                        env={**os.environ, "DIAG_FUZZ_COUNTS": str(counts)})
     found = [f for f in os.listdir(tmp_path) if f.startswith(("crash-", "timeout-", "oom-", "leak-"))]
