@@ -122,15 +122,23 @@ def test_two_replicas_stand_for_many_with_cp():
     assert step_time(w, *two_replicas(c, links)) == pytest.approx(step_time(w, c, links), rel=1e-12)
 
 
-def test_simulation_size_counts_cp_ranks():
+def test_simulation_size_counts_cp_ranks_and_ring_steps():
+    """Units: ranks x (steps + 1 warm-up) x micro-batches x layers per stage x (1 + cp/4): each layer's
+    backward holds cp permutes. CP 8 x DP 4 (32 ranks), 1 step, 4 micro-batches, 8 layers: 32 x 2 x 4 x 8
+    x 3. A claimed CP 1024 is past the limit even folded to one rank per CP group (8 ranks): its
+    ring steps alone would be 3 million events (2.5 GB), so it is not simulated."""
     w = Workload(num_layers=8, fwd_s_per_layer=1 * MS, cp_bytes_per_layer=1e6)
     c = Config(cp=8, dp=4, num_micro_batches=4)
-    assert sim_units(w, c, 1) == 8 * 4 * (1 + 1) * 4 * 8
+    assert sim_units(w, c, 1) == 32 * 2 * 4 * 8 * 3
     big = Config(cp=1024, dp=8, num_micro_batches=16)
-    assert sim_units(w, big, 2) > MAX_SIM_UNITS
-    with pytest.raises(ModelTooBig):
+    assert sim_units(w, big, 2) > MAX_SIM_UNITS and sim_units(w, big, 2, ranks=8) > MAX_SIM_UNITS
+    with pytest.raises(ModelTooBig, match="x 257 for CP 1024 ring steps"):
         simulate(w, big, Links(cp=1e9), steps=2)
-    step_time(w, big, Links(cp=1e9))        # folded: one rank of each CP group
+    with pytest.raises(ModelTooBig):
+        step_time(w, big, Links(cp=1e9))
+    mid = Config(cp=64, dp=8, num_micro_batches=16)     # folded: 8 x 3 x 16 x 8 x 17 = 52,224 units
+    assert sim_units(w, mid, 2, ranks=8) < MAX_SIM_UNITS < sim_units(w, mid, 2)
+    step_time(w, mid, Links(cp=1e9))
 
 
 # -- a synthesised CP job, analysed and recommended on ------------------------------------------
