@@ -130,28 +130,19 @@ def _facts(rt: RankTrace, rows: np.ndarray, dtype_bytes: Optional[np.ndarray] = 
     return coll, group, size, nbytes
 
 
-def _named_axes(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
-    """Per row, the axis its own process group's description names (this rank's pg_config, by the
-    op's "Process Group Name"), else unknown. Groups with the same members can be different axes
-    (CP and the DP x CP group at DP 1; DP and DP x CP at CP 1): the members cannot tell them apart,
-    the op's group name can."""
-    out = np.full(rows.size, AXIS_UNKNOWN, np.int8)
-    by_name = {str(pg.get("pg_name")): axis_of_desc(pg.get("pg_desc")) for pg in rt.pg_config if isinstance(pg, dict)}
-    if not any(by_name.values()):
-        return out
-    c, by_row, sym = rt.comms, _comm_args(rt), rt.events.symbols
-    for i, r in enumerate(rows):
-        j = by_row.get(int(r))
-        if j is not None and c.pg[j] >= 0 and (axis := by_name.get(sym[int(c.pg[j])])):
-            out[i] = axis_index(axis)
-    return out
-
-
 def _fill_named(axis: np.ndarray, rt: RankTrace, rows: np.ndarray) -> None:
-    """Unlabelled ops take the axis their process group's description names."""
-    todo = axis == AXIS_UNKNOWN
-    if todo.any():
-        axis[todo] = _named_axes(rt, rows[todo])
+    """Ops of unknown axis take the one their own process group's description names (this rank's
+    pg_config, by the op's "Process Group Name" at its row; -1: no row). Groups with the same
+    members can be different axes (CP and the DP x CP group at DP 1; DP and DP x CP at CP 1): the
+    members cannot tell them apart, the op's group name can."""
+    by_name = {str(pg.get("pg_name")): axis_of_desc(pg.get("pg_desc")) for pg in rt.pg_config if isinstance(pg, dict)}
+    todo = np.flatnonzero((axis == AXIS_UNKNOWN) & (rows >= 0))
+    if not todo.size or not any(by_name.values()):
+        return
+    sym = rt.events.symbols
+    for i, pg in zip(todo, comm_column(rt.comms.row, rt.comms.pg, rows[todo]).tolist()):
+        if pg >= 0 and (named := by_name.get(sym[pg])):
+            axis[i] = axis_index(named)
 
 
 def _fill(dst_coll, dst_group, dst_size, dst_bytes, src, prefer_coll=False):
@@ -173,19 +164,15 @@ def gpu_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     lts, lth = launches(t, rows)
     # The launching host ops fill what the kernel's args do not say. A host op's name
     # (c10d::alltoall_base_) beats the kernel's (SendRecv implements all-to-all).
-    for pred, prefer in ((lambda s: s == "record_param_comms", False), (C10D_RE.match, True)):
-        host = enclosing(t, lts, lth, pred)
+    hosts = [enclosing(t, lts, lth, pred) for pred in (lambda s: s == "record_param_comms", C10D_RE.match)]
+    for host, prefer in zip(hosts, (False, True)):
         _fill(coll, group, size, nbytes, _masked(_facts(rt, np.maximum(host, 0)), host >= 0), prefer_coll=prefer)
     label = enclosing(t, lts, lth, LABEL_RE.match, kinds=(Kind.ANNOTATION,))
     axis, lcoll, lbytes = _label_info(t, label)
     coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
     nbytes[nbytes < 0] = lbytes[nbytes < 0]
-    _fill_named(axis, rt, rows)
-    for pred in (lambda s: s == "record_param_comms", C10D_RE.match):     # the launching op's group name
-        host = enclosing(t, lts, lth, pred)
-        todo = (axis == AXIS_UNKNOWN) & (host >= 0)
-        if todo.any():
-            axis[todo] = _named_axes(rt, host[todo])
+    for named_at in [rows] + hosts:          # the kernel's group name, else its launching op's
+        _fill_named(axis, rt, named_at)
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
     implied_group_size(rc, rt.pg_config)
     return rc
