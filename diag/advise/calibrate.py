@@ -178,7 +178,12 @@ def _dp_axis(d: Diagnosis, zero: int, cp: int = 1) -> str:
     return next((a for a in order if a in axes), "dp")
 
 
-def _cp_exchange(d: Diagnosis, meta: RunFacts, cp: int, tp: int, mbs: int, links: dict,
+def _sized(d: Diagnosis, axis: str, op: str) -> list:
+    """The run's ops of one axis and collective with a measured message size."""
+    return [o for o in (d.comm.ops if d.comm else []) if o.axis == axis and o.op == op and o.median_bytes]
+
+
+def _cp_exchange(d: Diagnosis, meta: RunFacts, cp: int, tp: int, mbs: int, width: int, links: dict,
                  notes: list) -> tuple[float, float]:
     """(K and V, dK and dV) bytes of a layer for one micro-batch at TP 1 (Workload.cp_bytes_per_layer,
     cp_grad_bytes_per_layer). K and V: the measured CP all-gathers' size x TP, else 2 x b x s x (h x query
@@ -191,25 +196,22 @@ def _cp_exchange(d: Diagnosis, meta: RunFacts, cp: int, tp: int, mbs: int, links
         raise CalibrationError(f"cannot calibrate the step-time model: the layout has CP {cp} but no collective on "
                                "the cp axis with a bus bandwidth was measured, so the CP exchange's cost is unknown "
                                "(not priced as free)")
-    kv = _cp_kv_bytes(d, meta, tp, mbs, notes)
-    a2a = [o for o in (d.comm.ops if d.comm else []) if o.axis == "cp" and o.op == "all_to_all" and o.median_bytes]
-    if a2a:
+    kv = _cp_kv_bytes(d, meta, tp, mbs, width, notes)
+    if a2a := _sized(d, "cp", "all_to_all"):
         o = max(a2a, key=lambda o: o.time_s)
         notes.append(f"CP backward: dK, dV {o.median_bytes * cp * tp / 1e6:.4g} MB per layer per micro-batch at TP 1, "
                      f"from the cp all-to-alls' median size {o.median_bytes / 1e6:.4g} MB (a rank's shard) x CP {cp} "
                      f"x TP {tp}, permuted {cp} times round the ring")
         return kv, float(o.median_bytes) * cp * tp
-    width = dtype_bytes(meta.dtype or "bf16") or 2
     notes.append(f"CP backward: dK, dV in fp32, {4 / width:g}x K and V's bytes, permuted {cp} times round the ring "
                  "(torch's context_parallel default; no cp all-to-all measured"
                  + ("; K and V taken as 16-bit: the run's dtype is unknown)" if not meta.dtype else ")"))
     return kv, kv * 4.0 / width
 
 
-def _cp_kv_bytes(d: Diagnosis, meta: RunFacts, tp: int, mbs: int, notes: list) -> float:
-    """Bytes of a layer's K and V for one micro-batch at TP 1 (see _cp_exchange)."""
-    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "cp" and o.op == "all_gather" and o.median_bytes]
-    if ops:
+def _cp_kv_bytes(d: Diagnosis, meta: RunFacts, tp: int, mbs: int, width: int, notes: list) -> float:
+    """Bytes of a layer's K and V for one micro-batch at TP 1, `width` bytes an element (see _cp_exchange)."""
+    if ops := _sized(d, "cp", "all_gather"):
         o = max(ops, key=lambda o: o.time_s)
         notes.append(f"CP exchange {o.median_bytes * tp / 1e6:.4g} MB of K and V per layer per micro-batch at TP 1: "
                      f"the cp all-gathers' median size {o.median_bytes / 1e6:.4g} MB x TP {tp}")
@@ -220,9 +222,9 @@ def _cp_kv_bytes(d: Diagnosis, meta: RunFacts, tp: int, mbs: int, notes: list) -
                                "all-gather in the trace, and seq_length or hidden_size unknown)")
     groups, heads = meta.num_query_groups, meta.num_attention_heads
     kv = h * groups / heads if groups and heads else h
-    nbytes = 2.0 * mbs * seq * kv * (dtype_bytes(meta.dtype or "bf16") or 2)
+    nbytes = 2.0 * mbs * seq * kv * width
     notes.append(f"CP exchange {nbytes / 1e6:.4g} MB per layer per micro-batch at TP 1, from the shape: K and V, "
-                 f"2 x {mbs} x {seq} x {kv:g} x {dtype_bytes(meta.dtype or 'bf16') or 2} B (no cp all-gather measured)")
+                 f"2 x {mbs} x {seq} x {kv:g} x {width} B (no cp all-gather measured)")
     return nbytes
 
 
@@ -233,7 +235,7 @@ def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, zero: int, m: int, no
         notes.append("gradients fp32: 4 bytes per parameter of diag_run.json's parameter_count")
         return 4.0 * float(meta.parameter_count)
     axis, op = _dp_axis(d, zero, int(meta.cp or 1)), "reduce_scatter" if zero else "all_reduce"
-    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == axis and o.op == op and o.median_bytes]
+    ops = _sized(d, axis, op)
     per_rank = sum(o.median_bytes * o.calls / max(o.ranks, 1) for o in ops) / _steps(d) / (m if zero >= 3 else 1)
     if ops:
         notes.append(f"gradients {per_rank * shards / 1e6:.4g} MB per step: the {axis.upper()} {op.replace('_', '-')}s' "
@@ -283,10 +285,10 @@ def calibrate(d: Diagnosis) -> Calibration:
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
              "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],
              "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}
-    cp_bytes, cp_grad_bytes = _cp_exchange(d, meta, cp, tp, mbs, busbw, notes)
+    width = dtype_bytes(meta.dtype or "bf16") or 2     # bytes an activation element (16-bit unless said)
+    cp_bytes, cp_grad_bytes = _cp_exchange(d, meta, cp, tp, mbs, width, busbw, notes)
     links = Links(**busbw)
-    act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * \
-        (dtype_bytes(meta.dtype or "bf16") or 2)
+    act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * width
     grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline

@@ -34,12 +34,16 @@ class ModelTooBig(ValueError):
     """A configuration past MAX_SIM_UNITS: the model does not simulate it."""
 
 
+def _units_per_pass(config: "Config") -> int:
+    """At CP c each layer's backward also holds c permutes of dK and dV (one per ring step), so a
+    layer pass counts 1 + c/4 units (a pass is about four events)."""
+    return 1 + config.cp // 4 if config.cp > 1 else 1
+
+
 def sim_units(workload: "Workload", config: "Config", steps: int, ranks: Optional[int] = None) -> int:
-    """Layer passes to simulate; at CP c each layer's backward also holds c permutes of dK and dV
-    (one per ring step), so a pass counts 1 + c/4 units (a pass is about four events)."""
-    per_pass = 1 + config.cp // 4 if config.cp > 1 else 1
+    """Layer passes to simulate (_units_per_pass each)."""
     return (ranks or config.grid.world_size) * (steps + WARMUP_STEPS) * config.num_micro_batches * \
-        max(1, workload.num_layers // config.pp) * per_pass
+        max(1, workload.num_layers // config.pp) * _units_per_pass(config)
 
 
 @dataclass(frozen=True)
@@ -373,7 +377,7 @@ def simulate(workload: Workload, config: Config, links: Links, steps: int = 1,
         raise ModelTooBig(f"the step-time model would simulate {units:,} layer passes ({grid.world_size:,} "
                          f"ranks x {steps + WARMUP_STEPS} steps x {config.num_micro_batches:,} micro-batches x "
                          f"{max(1, workload.num_layers // config.pp):,} layers per stage"
-                         f"{f' x {1 + config.cp // 4} for CP {config.cp} ring steps' if config.cp > 1 else ''}), past its limit of "
+                         f"{f' x {_units_per_pass(config)} for CP {config.cp} ring steps' if config.cp > 1 else ''}), past its limit of "
                          f"{MAX_SIM_UNITS:,}: not simulated")
     slow, delay = stage_slowdown or {}, rank_delay or {}
     costs = {s: stage_costs(workload, config, links, slow.get(s, 1.0)) for s in range(config.pp)}

@@ -243,8 +243,8 @@ def cp_down(ctx: Context) -> list[Recommendation]:
     return ctx.best("cp_down", cands, e, lambda k: f"CP {k.cp} x DP {k.dp} instead of CP {c.cp} x DP {c.dp} "
                     f"({k.num_micro_batches} micro-batch{'es' * (k.num_micro_batches > 1)} of {k.micro_batch_size}, "
                     "same global batch)",
-                    why="every layer all-gathers K and V over the CP group in forward and backward and "
-                        "reduce-scatters their gradients, on the critical path; half the CP ranks exchange over "
+                    why="every layer all-gathers K and V over the CP group in forward and backward and passes "
+                        "their gradients round the ring, on the critical path; half the CP ranks exchange over "
                         "a smaller group, and the DP ranks that take their place reduce gradients once a step",
                     assumptions=["CP's exchange priced as torch's all-gather rotate method, exposed (docs/model.md); "
                                  "Megatron-LM's ring overlaps part of it with attention, so the gain may be smaller",

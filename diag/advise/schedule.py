@@ -237,17 +237,17 @@ class ProgramWriter:
         if self.c.tp > 1:
             self.main.append(self._coll("tp", self.p.tp_group, self.c.tp_bytes, self.c.tp_ar_s, "tp_all_reduce"))
 
-    def _cp(self, op: str) -> None:
-        """CP, over the CP group, none at cp 1: K and V all-gathered before an attention (op
-        "all_gather"), or after its backward the rank's dK, dV shard passed on cp times round the
-        ring ("permute": torch's `permute_tensor`, an all-to-all, once per ring step)."""
+    def _cp_gather(self) -> None:
+        """CP: K and V all-gathered over the CP group before an attention; none at cp 1."""
         c = self.c
-        if c.cp <= 1:
-            return
-        if op == "all_gather":
-            self.main.append(self._coll("cp", self.p.cp_group, c.cp_bytes, c.cp_s, "cp_kv_all_gather", op))
-            return
-        for _ in range(c.cp):
+        if c.cp > 1:
+            self.main.append(self._coll("cp", self.p.cp_group, c.cp_bytes, c.cp_s, "cp_kv_all_gather", "all_gather"))
+
+    def _cp_permutes(self) -> None:
+        """CP: after an attention's backward, the rank's dK, dV shard passed on cp times round the ring
+        (torch's `permute_tensor`, an all-to-all on the CP group, once per ring step); none at cp 1."""
+        c = self.c
+        for _ in range(c.cp if c.cp > 1 else 0):
             self.main.append(self._coll("cp", self.p.cp_group, c.cp_dkv_bytes, c.cp_dkv_s, "cp_dkv_permute",
                                         "all_to_all"))
 
@@ -258,7 +258,7 @@ class ProgramWriter:
         for j in range(per_chunk):
             if self.c.zero >= 3:
                 self._gather(("F", mb, chunk), j, per_chunk)
-            self._cp("all_gather")
+            self._cp_gather()
             self._half("fwd_attn", self.c.fwd_half_s)
             self._half("fwd_mlp", self.c.fwd_half_s)
         if (dst := self._virtual(chunk, +1)) is not None:
@@ -276,12 +276,12 @@ class ProgramWriter:
             if c.zero >= 3:
                 self._gather(("B", mb, chunk), j, per_chunk)
             if c.recompute_s > 0:
-                self._cp("all_gather")
+                self._cp_gather()
                 self.main.append(Instr("compute", "recompute_fwd", c.recompute_s))
             self._half("bwd_mlp", half)
-            self._cp("all_gather")
+            self._cp_gather()
             self._half("bwd_attn", half)
-            self._cp("permute")
+            self._cp_permutes()
             if not split:
                 self._gradients_ready(layer, last)
         if (dst := self._virtual(chunk, -1)) is not None:
