@@ -417,6 +417,7 @@ def decode_ahead(path: str, data) -> None:
         return
     if ranges:
         _AHEAD.append(Spread(array, ranges, min(workers() - 1, len(ranges))))
+        atexit.unregister(_cancel)              # once per process, however many files it decodes ahead
         atexit.register(_cancel)
 
 
