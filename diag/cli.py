@@ -115,10 +115,12 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     given (flags, --config, or the trainer's diag_run.json); run facts (batch, model shape) from
     diag_run.json, --config or the flags; what none gives is reported as unknown.
     """
-    from .report import render
+    from .report import renderer
     from .runinputs import prefetch_trace
 
     prefetch_trace(path, inputs)          # first: listing what the run reads imports the analysis
+    # The renderer's imports (rich, for text) now, while forked workers decode the trace, not after
+    draw = renderer(fmt)
     # At exit the interpreter collects and frees every object left (~0.03 s of a 0.4 s run);
     # frozen, they are left to the end of the process. Once per process, however often it analyses.
     atexit.unregister(gc.freeze)
@@ -136,7 +138,7 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     diagnosis, job = diagnose_or_exit(path, inputs, with_job=True)
     if timeline:
         timeline_or_exit(timeline, diagnosis, job)
-    emit(render(diagnosis, fmt), output)
+    emit(draw(diagnosis), output)
 
 
 def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:

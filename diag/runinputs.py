@@ -150,6 +150,9 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     """open_run's Diagnosis, and the Job it was made from: its ranks' summaries, their comms as
     diagnosed (axes, groups, match ids), for a renderer that draws the events (report.timeline)."""
     prefetch_trace(path, inputs)
+    # Imported before the load, while the workers prefetch_trace forked decode the trace: after it,
+    # the ~0.03 s of the recommender's imports would be the only work left, on one core.
+    from .advise.recommend import with_advice     # after the analysis in the layers: analysis never imports it
     from .analysis import diagnose
     from .analysis.collect import load_summaries
     from .analysis.flightrec import dumps_only, flight_record
@@ -182,7 +185,6 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
         grid = job_layout(job, summaries_of(job, inputs.top), inputs.sizes, config)
         fr, fr_problems = flight_record(path, inputs.strict, inputs.sizes, inputs.config, grid)
     d.flight_recorder, d.problems = fr, d.problems + fr_problems
-    from .advise.recommend import with_advice     # after the analysis: the layers run one way
     return with_advice(d), job
 
 

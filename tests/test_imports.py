@@ -25,6 +25,12 @@ def hook(event, a):
         loaded["first_open"] = sorted(sys.modules)
 
 sys.addaudithook(hook)
+
+def at_decode(frame, event, arg):     # the modules loaded when the trace's events start being decoded
+    if event == "call" and frame.f_code.co_name == "_decode_parts" and "decode" not in loaded:
+        loaded["decode"] = sorted(sys.modules)
+
+sys.setprofile(at_decode)
 from diag.cli import main
 try:
     main(args)
@@ -69,6 +75,16 @@ def test_analyze_reads_before_heavy_imports_and_never_loads_renderers(tmp_path):
     assert loaded(got["first_open"], NOT_BEFORE_FIRST_BYTE) == []
     assert loaded(got["end"], NEVER_FOR_JSON) == []
     assert "numpy" in got["end"]             # the check can fail: the analysis did import it after
+
+
+def test_analyze_imports_the_recommender_and_renderer_before_decoding(tmp_path):
+    """What the report needs after the analysis is imported before the events are decoded: forked
+    workers decode a single file's events meanwhile, and after the load the rest runs on one core."""
+    for fmt, renderer in (("json", "diag.report.jsonfmt"), ("text", "diag.report.text")):
+        got = modules_of("analyze", TRACE, "--format", fmt, "--output", str(tmp_path / f"d.{fmt}"))
+        assert got["exit"] in (0, None)
+        assert "decode" in got, "the events were never decoded"
+        assert {"diag.advise.recommend", renderer} <= set(got["decode"])
 
 
 def test_lazy_help_is_each_commands_own():

@@ -8,9 +8,14 @@ _RENDERERS = {"text": ("text", "render_text"), "json": ("jsonfmt", "render_json"
 FORMATS = tuple(_RENDERERS)
 
 
-def render(diagnosis, fmt: str) -> str:
+def renderer(fmt: str):
+    """The function that renders a Diagnosis as fmt, its module imported (rich for text)."""
     module, func = _RENDERERS[fmt]
-    return getattr(import_module(f"{__name__}.{module}"), func)(diagnosis)
+    return getattr(import_module(f"{__name__}.{module}"), func)
 
 
-__all__ = ["FORMATS", "render"]
+def render(diagnosis, fmt: str) -> str:
+    return renderer(fmt)(diagnosis)
+
+
+__all__ = ["FORMATS", "render", "renderer"]
