@@ -104,3 +104,45 @@ def test_recompute_pays_the_forward_share_again(tmp_path):
     assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
     assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
     assert cal.model_step_s == pytest.approx(16 * MS, rel=1e-3)
+
+
+def test_fsdp_own_time_comes_out_of_compute_and_goes_with_zero3(tmp_path):
+    """ZeRO-3 at DP 2, 4 layers, forward 1 ms, m=2: compute 2 x 4 x 3 = 24 ms per step (the 1 MB
+    gathers at 100 GB/s hide behind it). The trace's FSDP2 time: 4 ms per step of its own spans,
+    0.5 ms per layer and micro-batch; its optimizer's DTensor dispatch 2 ms per step, 0.5 ms per
+    layer. What scales: (24 - 4 - 2) / (2 x 4 x 3) = 0.75 ms forward. The model pays the 6 ms under
+    ZeRO-3 and nothing of it replicated, where the same workload without them gives the same step."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
+    c = Config(dp=2, num_micro_batches=2, zero=3)
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=0.0, fsdp_per_step_s=4 * MS, fsdp_optimizer_dispatch_per_step_s=2 * MS)
+    write_job(simulate(w, c, Links(dp=100e9), steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    for r in d.ranks:
+        r.host_ops = host
+    cal = calibrate(d)
+    assert cal.config.zero == 3
+    assert cal.workload.fsdp_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
+    assert cal.workload.fsdp_optimizer_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    plain = replace(cal.workload, fsdp_s_per_layer=0.0, fsdp_optimizer_s_per_layer=0.0)
+    assert cal.model(cal.config, cal.workload) - cal.model(cal.config, plain) == pytest.approx(6 * MS, rel=1e-3)
+    replicated = replace(cal.config, zero=0)
+    assert cal.model(replicated, cal.workload) == pytest.approx(cal.model(replicated, plain), rel=1e-12)
+    assert any("FSDP2's own host time 4 ms per step" in a for a in cal.assumptions)
+
+
+def test_zero3_without_fsdp_marks_says_its_host_time_is_unknown(tmp_path):
+    """The same job, its traces without FSDP2's marks (HostOps.fsdp_per_step_s None): nothing taken
+    out for FSDP, and the calibration says what it cannot price."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
+    c = Config(dp=2, num_micro_batches=2, zero=3)
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=0.0)
+    write_job(simulate(w, c, Links(dp=100e9), steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    for r in d.ranks:
+        r.host_ops = host
+    cal = calibrate(d)
+    assert cal.workload.fsdp_s_per_layer == 0.0 and cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
+    assert any("ZeRO-3's own host time (hooks, copies) unknown" in a for a in cal.assumptions)

@@ -72,3 +72,48 @@ def test_a_preempted_call_does_not_inflate_the_fixed_cost(tmp_path):
     h = summarize(load_job(str(tmp_path)).ranks[0]).result.host_ops
     assert h.framework_per_step_s == pytest.approx(30 * US)
     assert h.fixed_per_step_s == pytest.approx(32 * US)
+
+
+def _fsdp_trace(tmp_path, marks: bool = True):
+    """FSDP2 on a host timeline, two steps of 1000 us, the first in the window (us):
+    FSDP::pre_forward (layers.0) [100,300) > FSDP::all_gather (layers.0) [110,290) >
+    fsdp::all_gather_copy_in [115,135) > aten::cat [116,134), and c10d::_allgather_base_ [140,220)
+    (a collective: priced as traffic, left out); FSDP::post_backward_reduce (layers.0) [500,560) >
+    c10d::_reduce_scatter_base_ [510,540); aten::mm [320,420) (the module's compute, outside);
+    Optimizer.step [600,900) > PythonDispatchMode [610,650) > aten::add_ [620,630) and
+    PythonDispatchMode [700,760) > aten::add_ [710,720). Without marks, the FSDP:: spans are left out
+    and the copy is a plain `copy_in` (the same operators, as another sharding framework shows them)."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    if marks:
+        b.cpu_op("FSDP::pre_forward (layers.0)", 100, 200, cat="user_annotation")
+        b.cpu_op("FSDP::all_gather (layers.0)", 110, 180, cat="user_annotation")
+        b.cpu_op("FSDP::post_backward_reduce (layers.0)", 500, 60, cat="user_annotation")
+    b.cpu_op("fsdp::all_gather_copy_in" if marks else "copy_in", 115, 20).cpu_op("aten::cat", 116, 18)
+    b.cpu_op("c10d::_allgather_base_", 140, 80).cpu_op("aten::mm", 320, 100)
+    b.cpu_op("c10d::_reduce_scatter_base_", 510, 30)
+    b.cpu_op("Optimizer.step#AdamW.step", 600, 300, cat="user_annotation")
+    b.cpu_op("PythonDispatchMode", 610, 40).cpu_op("aten::add_", 620, 10)
+    b.cpu_op("PythonDispatchMode", 700, 60).cpu_op("aten::add_", 710, 10)
+    b.cpu_op("aten::mm", 1001, 499)
+    b.write(str(tmp_path / "rank0.json"))
+    return summarize(load_job(str(tmp_path)).ranks[0]).result.host_ops
+
+
+def test_fsdp_own_time_is_its_spans_less_the_collectives_in_them(tmp_path):
+    """FSDP's spans cover [100,300) and [500,560): 260 us; the collectives inside them 80 + 30 us:
+    FSDP's own 150 us. The optimizer's DTensor dispatch: PythonDispatchMode self times 30 and 50 us,
+    median 40 x 2 calls = 80 us. Outside FSDP's spans and the optimizer only aten::mm is left: one
+    ATen call (the fixed cost counts none of fsdp::all_gather_copy_in and aten::cat)."""
+    h = _fsdp_trace(tmp_path)
+    assert h.fsdp_per_step_s == pytest.approx(150 * US)
+    assert h.fsdp_optimizer_dispatch_per_step_s == pytest.approx(80 * US)
+    assert h.aten_ops_per_step == 1 and h.framework_per_step_s == 0.0
+
+
+def test_fsdp_time_unknown_without_its_marks(tmp_path):
+    """The same operators without FSDP2's marks: FSDP's time is unknown (None), not zero, and its
+    copies count in the fixed cost like any operator: ATen calls cat and mm, framework copy_in's
+    self time 20 - 18 = 2 us."""
+    h = _fsdp_trace(tmp_path, marks=False)
+    assert h.fsdp_per_step_s is None and h.fsdp_optimizer_dispatch_per_step_s is None
+    assert h.aten_ops_per_step == 2 and h.framework_per_step_s == pytest.approx(2 * US)

@@ -170,6 +170,30 @@ def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[fl
     return o.busbw_median_gbps * 1e9, o.median_bytes
 
 
+def _fsdp_host(d: Diagnosis, zero: int, tp: int, mb_layers: int, stage_layers: int,
+               notes: list) -> tuple[float, float]:
+    """(FSDP2's own host s per layer per micro-batch, its optimizer's DTensor dispatch s per layer
+    per step) from the ranks' HostOps: what dropping ZeRO-3 takes off a host timeline besides its
+    traffic. Zeros where the run is not ZeRO-3, or its trace has no FSDP2 marks (then said)."""
+    if zero < 3:
+        return 0.0, 0.0
+    ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
+    if not ranks or len(ranks) < len(d.ranks):
+        return 0.0, 0.0
+    if any(h.fsdp_per_step_s is None for h in ranks):
+        notes.append("ZeRO-3's own host time (hooks, copies) unknown: no FSDP2 `FSDP::` marks in the trace "
+                     "(FSDP1 or another framework); only its traffic is priced, so dropping it is underpriced")
+        return 0.0, 0.0
+    own = float(np.mean([h.fsdp_per_step_s for h in ranks]))
+    opt = float(np.mean([h.fsdp_optimizer_dispatch_per_step_s or 0.0 for h in ranks])) if tp == 1 else 0.0
+    notes.append(f"FSDP2's own host time {own * 1e3:.3g} ms per step (its `FSDP::` spans less the collectives "
+                 f"in them), {own / mb_layers * 1e3:.3g} ms per layer per micro-batch, paid under ZeRO-3 only"
+                 + (f"; DTensor's dispatch in the optimizer step over its sharded parameters {opt * 1e3:.3g} ms "
+                    "per step, gone with it" if opt else "")
+                 + ("; at TP > 1 the optimizer's DTensor dispatch stays with TP's DTensor parameters" * (tp > 1)))
+    return own / mb_layers, opt / stage_layers
+
+
 def _dp_axis(d: Diagnosis, zero: int, cp: int = 1) -> str:
     """The axis the DP gradients travel on: FSDP's shard axis under ZeRO when the trace has it; with
     CP the group that folds it in (dp_shard_cp, dp_cp) when the trace names it."""
@@ -271,17 +295,24 @@ def calibrate(d: Diagnosis) -> Calibration:
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
     mb_layers = m * (layers // pp)
     host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes)
-    fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
+    zero = zero_stage(meta)
+    fsdp, fsdp_opt = _fsdp_host(d, zero, tp, mb_layers, layers // pp, notes)
+    fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO)) \
+        + mb_layers * fsdp + (layers // pp) * fsdp_opt
+    if fsdp and fixed >= min(compute):
+        notes.append("FSDP2's own host time not modelled: with the fixed cost it exceeds the measured compute of a stage")
+        fsdp = fsdp_opt = 0.0
+        fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
     scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
     mean_c = float(np.mean(scaled))
     fwd = mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))
     slowdown = {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {}
-    notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1{' and CP=1' * (cp > 1)}, from {mean_c * 1e3:.3g} ms "
-                 f"compute per stage per step (optimizer, embedding and loss folded in)"
-                 + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost" if fixed else ""))
+    notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1{' and CP=1' * (cp > 1)}, from "
+                 f"{float(np.mean(compute)) * 1e3:.3g} ms compute per stage per step (optimizer, embedding and loss "
+                 "folded in)" + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost"
+                                 + " and FSDP2's own time" * bool(fsdp or fsdp_opt) if fixed else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
-    zero = zero_stage(meta)
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
              "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],
              "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}
@@ -295,7 +326,8 @@ def calibrate(d: Diagnosis) -> Calibration:
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
-                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, blocking_gathers=host_timeline)
+                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
+                 fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline)
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),

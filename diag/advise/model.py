@@ -67,6 +67,10 @@ class Workload:
     host_fixed_s_per_layer: float = 0.0  # host operators' fixed cost, one layer, one micro-batch, forward +
                                          # backward: the same at any micro-batch size and TP (CPU timelines)
     dtensor_s_per_layer: float = 0.0     # DTensor's dispatch, one layer, one micro-batch: paid at TP > 1 only
+    fsdp_s_per_layer: float = 0.0        # FSDP2's own host time (its hooks and copies, collectives left out),
+                                         # one layer, one micro-batch, forward + backward: paid under ZeRO-3 only
+    fsdp_optimizer_s_per_layer: float = 0.0  # DTensor's dispatch in the optimizer step over FSDP2's sharded
+                                             # parameters, one layer's, once a step: paid under ZeRO-3 only
     param_bytes: float = 0.0        # parameter bytes of the whole unsharded model as ZeRO all-gathers them;
                                     # 0: as many as the gradients (fp32 parameters)
     blocking_gathers: bool = False  # ZeRO-3's gathers and scatters hold the issuing thread (a host timeline:
@@ -78,7 +82,8 @@ class Workload:
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
         for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
-                     "host_fixed_s_per_layer", "dtensor_s_per_layer", "param_bytes"):
+                     "host_fixed_s_per_layer", "dtensor_s_per_layer", "fsdp_s_per_layer",
+                     "fsdp_optimizer_s_per_layer", "param_bytes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.recompute not in ("none", "full"):
@@ -192,10 +197,12 @@ def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> 
     return tuple(out)
 
 
-def host_fixed_s(w: Workload, c: Config) -> tuple[float, float]:
+def host_fixed_s(w: Workload, c: Config, zero: int) -> tuple[float, float]:
     """(forward, backward) fixed host seconds of one layer and micro-batch: the host operators'
-    fixed cost, with DTensor's dispatch at TP > 1, split between the passes as compute is."""
-    fixed = w.host_fixed_s_per_layer + (w.dtensor_s_per_layer if c.tp > 1 else 0.0)
+    fixed cost, with DTensor's dispatch at TP > 1 and FSDP2's own time under ZeRO-3 (zero: the
+    stage in effect), split between the passes as compute is."""
+    fixed = w.host_fixed_s_per_layer + (w.dtensor_s_per_layer if c.tp > 1 else 0.0) \
+        + (w.fsdp_s_per_layer if zero >= 3 else 0.0)
     return fixed / (1 + w.bwd_ratio), fixed * w.bwd_ratio / (1 + w.bwd_ratio)
 
 
@@ -205,13 +212,13 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
     passes its shard of dK and dV round the ring in c permutes (cp_dkv_s each)."""
     layers = w.num_layers // c.pp
     f = w.fwd_s_per_layer / (c.tp * c.cp) * slowdown
-    hf, hb = host_fixed_s(w, c)
     tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer / c.cp), _even(w.p2p_bytes / c.cp)
     cp_bytes = _even(w.cp_bytes_per_layer / c.tp) if c.cp > 1 else 0
     dkv = (w.cp_grad_bytes_per_layer or 2.0 * w.cp_bytes_per_layer) / (c.tp * c.cp)
     cp_dkv = _even(dkv) if c.cp > 1 else 0
     n_grad = c.grad_ranks
     zero = c.zero if n_grad > 1 else 0
+    hf, hb = host_fixed_s(w, c, zero)
     grad_layer = w.grad_bytes / (c.tp * w.num_layers)
     param_layer = (w.param_bytes or w.grad_bytes) / (c.tp * w.num_layers)
     ag_stage = _even(param_layer * layers) if zero in (1, 2) else 0
@@ -224,7 +231,8 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
-        optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1)), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
+        optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1))
+        + (w.fsdp_optimizer_s_per_layer * layers if zero >= 3 else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,

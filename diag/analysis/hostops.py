@@ -20,6 +20,15 @@ micro-batches; dropping DTensor's tensor parallelism). Counted here, per rank, f
   the self time of its wrappers and of the Python dispatch it runs in (DTENSOR_COST_RE), which
   a run without DTensor does not pay.
 
+- FSDP2's own host time, when the trace has its marks (`FSDP::pre_forward`, `FSDP::all_gather`,
+  `FSDP::post_backward_reduce`, ... and its `fsdp::` copy operators: torch >= 2.4's
+  `torch.distributed.fsdp.fully_shard`, which wraps only its own work in them, never the module's
+  compute): the time its spans cover, less the collectives inside them (priced as traffic by the
+  step-time model), and DTensor's dispatch inside the optimizer's spans (FSDP2's sharded
+  parameters are DTensors; a replicated run's optimizer steps plain tensors). The operators inside
+  FSDP's spans are left out of the fixed cost above, which a run without FSDP still pays.
+  FSDP1 (`FullyShardedDataParallel.*` marks, which enclose the module's forward) is not counted.
+
 GPU timelines get none of this: there the fixed host cost per kernel shows as device idle, which
 the step-time model already carries as its launch overhead.
 """
@@ -33,10 +42,12 @@ import numpy as np
 from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
+from .intervals import length, merge, subtract
 from .results import HostOps
 from .steps import Window
 
 OPTIMIZER_RE = re.compile(r"^Optimizer\.")
+FSDP_RE = re.compile(r"^(FSDP::|fsdp::)")      # FSDP2's record_function marks and its custom copy operators
 ATEN_RE = re.compile(r"^aten::")
 DTENSOR_COST_RE = re.compile(r"^(Redistribute|NestedRedistribute|PythonSubclass|PythonDispatchMode|RedistributeBackward|"
                              r"_FromTorchTensor|_ToTorchTensor|_FromTorchTensorBackward|_ToTorchTensorBackward)$")
@@ -114,14 +125,31 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
     spans = rows[np.isin(t.kind[rows], (Kind.ANNOTATION, Kind.CPU_OP))]
     optimizer = spans[t.name_mask(OPTIMIZER_RE.match)[spans]]
     in_opt = _inside(t, calls, optimizer) if optimizer.size else np.zeros(calls.size, bool)
+    fsdp = spans[t.name_mask(FSDP_RE.match)[spans]]
+    in_fsdp = _inside(t, calls, fsdp) if fsdp.size else np.zeros(calls.size, bool)
     aten = work & t.name_mask(ATEN_RE.match)[calls]
-    framework = work & ~aten & ~in_opt
-    dtensor = framework & t.name_mask(DTENSOR_COST_RE.match)[calls] if t.name_mask(dtensor_re.match)[rows].any() \
-        else np.zeros(calls.size, bool)
+    framework = work & ~aten & ~in_opt & ~in_fsdp
+    dispatch = t.name_mask(DTENSOR_COST_RE.match)[calls]
+    dtensor = framework & dispatch if t.name_mask(dtensor_re.match)[rows].any() else np.zeros(calls.size, bool)
+    fsdp_s = opt_dispatch_s = None
+    if fsdp.size:
+        fsdp_s = _fsdp_own_ns(t, rows, fsdp) * 1e-9 / steps
+        opt_dispatch_s = calls_x_median_ns(t, calls, selfs, work & in_opt & dispatch) * 1e-9 / steps
     return HostOps(
         ops_per_step=float(work.sum()) / steps,
         optimizer_ops_per_step=float((work & in_opt).sum()) / steps,
-        aten_ops_per_step=float((aten & ~in_opt).sum()) / steps,
+        aten_ops_per_step=float((aten & ~in_opt & ~in_fsdp).sum()) / steps,
         aten_op_s=float(np.median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
         framework_per_step_s=calls_x_median_ns(t, calls, selfs, framework) * 1e-9 / steps,
-        dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps)
+        dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps,
+        fsdp_per_step_s=fsdp_s, fsdp_optimizer_dispatch_per_step_s=opt_dispatch_s)
+
+
+def _fsdp_own_ns(t: EventTable, rows: np.ndarray, fsdp: np.ndarray) -> int:
+    """The time FSDP's spans cover on their threads, less the collectives' calls inside them."""
+    comm = rows[t.name_mask(HOST_COMM_RE.match)[rows] | (t.kind[rows] == Kind.COMM)]
+    total = 0
+    for th in np.unique(t.thread[fsdp]).tolist():
+        sp, cm = fsdp[t.thread[fsdp] == th], comm[t.thread[comm] == th]
+        total += length(subtract(merge(t.ts_ns[sp], t.end_ns[sp]), merge(t.ts_ns[cm], t.end_ns[cm])))
+    return total
