@@ -146,3 +146,19 @@ def test_zero3_without_fsdp_marks_says_its_host_time_is_unknown(tmp_path):
     cal = calibrate(d)
     assert cal.workload.fsdp_s_per_layer == 0.0 and cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
     assert any("ZeRO-3's own host time (hooks, copies) unknown" in a for a in cal.assumptions)
+
+
+def test_fsdp_own_time_is_not_taken_at_zero1(tmp_path):
+    """ZeRO-1 (the optimizer states sharded by ZeroRedundancyOptimizer or Megatron's distributed
+    optimizer, not FSDP2): FSDP's figures, had a trace any, are not taken out; forward 1 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
+    c = Config(dp=2, num_micro_batches=2, zero=1)
+    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
+                   framework_per_step_s=0.0, fsdp_per_step_s=4 * MS, fsdp_optimizer_dispatch_per_step_s=2 * MS)
+    write_job(simulate(w, c, Links(dp=100e9), steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    for r in d.ranks:
+        r.host_ops = host
+    cal = calibrate(d)
+    assert cal.config.zero == 1 and cal.workload.fsdp_s_per_layer == 0.0
+    assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-2)

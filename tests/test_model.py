@@ -354,15 +354,17 @@ def test_one_rank_stands_for_its_tp_group(kw):
         sum(d for d, a in zip(full.ranks[0].dur_s, full.ranks[0].axis) if a == "tp"), rel=1e-12)
 
 
-def test_fsdp_own_host_time_is_paid_under_zero3_only():
+def test_fsdp_own_host_time_is_paid_under_zero2_and_3_only():
     """Per layer and micro-batch: forward 1 ms, backward 2 ms, FSDP2's own host time 3 ms (split
     1 : 2 like compute); its optimizer's DTensor dispatch 1 ms per layer per step. Free links, 4
-    layers, m=2, DP 2. ZeRO-3: 2 x 4 x (1 + 2 + 3) + 4 x 1 = 52 ms. Replicated (ZeRO-0): 2 x 4 x 3 =
-    24 ms. ZeRO-2 keeps no FSDP: 24 ms. ZeRO-3 at DP 1 shards nothing, so nothing is paid: 24 ms."""
+    layers, m=2, DP 2. ZeRO-3: 2 x 4 x (1 + 2 + 3) + 4 x 1 = 52 ms; ZeRO-2, FSDP2 without
+    resharding, the same. Replicated (ZeRO-0) and ZeRO-1 (no FSDP2): 2 x 4 x 3 = 24 ms. ZeRO-3 at DP 1
+    shards nothing, so nothing is paid: 24 ms."""
     from dataclasses import replace
     w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, fsdp_s_per_layer=3 * MS, fsdp_optimizer_s_per_layer=1 * MS)
     c = Config(dp=2, num_micro_batches=2, zero=3)
     assert step_time(w, c, Links()) == approx(52 * MS)
     assert step_time(w, replace(c, zero=0), Links()) == approx(24 * MS)
-    assert step_time(w, replace(c, zero=2), Links()) == approx(24 * MS)
+    assert step_time(w, replace(c, zero=2), Links()) == approx(52 * MS)
+    assert step_time(w, replace(c, zero=1), Links()) == approx(24 * MS)
     assert step_time(w, replace(c, dp=1), Links()) == approx(24 * MS)

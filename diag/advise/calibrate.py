@@ -173,21 +173,22 @@ def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[fl
 def _fsdp_host(d: Diagnosis, zero: int, tp: int, mb_layers: int, stage_layers: int,
                notes: list) -> tuple[float, float]:
     """(FSDP2's own host s per layer per micro-batch, its optimizer's DTensor dispatch s per layer
-    per step) from the ranks' HostOps: what dropping ZeRO-3 takes off a host timeline besides its
-    traffic. Zeros where the run is not ZeRO-3, or its trace has no FSDP2 marks (then said)."""
-    if zero < 3:
+    per step) from the ranks' HostOps: what going below ZeRO-2 (which FSDP2 implements, as ZeRO-3)
+    takes off a host timeline besides its traffic. Zeros where the run is not ZeRO-2/3, or its
+    trace has no FSDP2 marks (then said)."""
+    if zero < 2:
         return 0.0, 0.0
     ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
     if not ranks or len(ranks) < len(d.ranks):
         return 0.0, 0.0
     if any(h.fsdp_per_step_s is None for h in ranks):
-        notes.append("ZeRO-3's own host time (hooks, copies) unknown: no FSDP2 `FSDP::` marks in the trace "
-                     "(FSDP1 or another framework); only its traffic is priced, so dropping it is underpriced")
+        notes.append(f"ZeRO-{zero}'s own host time (hooks, copies) unknown: no FSDP2 `FSDP::` marks in the trace "
+                     "(FSDP1 or another framework); only its traffic is priced, so lowering it is underpriced")
         return 0.0, 0.0
     own = float(np.mean([h.fsdp_per_step_s for h in ranks]))
     opt = float(np.mean([h.fsdp_optimizer_dispatch_per_step_s or 0.0 for h in ranks])) if tp == 1 else 0.0
     notes.append(f"FSDP2's own host time {own * 1e3:.3g} ms per step (its `FSDP::` spans less the collectives "
-                 f"in them), {own / mb_layers * 1e3:.3g} ms per layer per micro-batch, paid under ZeRO-3 only"
+                 f"in them), {own / mb_layers * 1e3:.3g} ms per layer per micro-batch, paid under ZeRO-2/3 (FSDP2) only"
                  + (f"; DTensor's dispatch in the optimizer step over its sharded parameters {opt * 1e3:.3g} ms "
                     "per step, gone with it" if opt else "")
                  + ("; at TP > 1 the optimizer's DTensor dispatch stays with TP's DTensor parameters" * (tp > 1)))

@@ -68,9 +68,10 @@ class Workload:
                                          # backward: the same at any micro-batch size and TP (CPU timelines)
     dtensor_s_per_layer: float = 0.0     # DTensor's dispatch, one layer, one micro-batch: paid at TP > 1 only
     fsdp_s_per_layer: float = 0.0        # FSDP2's own host time (its hooks and copies, collectives left out),
-                                         # one layer, one micro-batch, forward + backward: paid under ZeRO-3 only
+                                         # one layer, one micro-batch, forward + backward: paid under ZeRO-2/3,
+                                         # which FSDP2 implements (reshard_after_forward False / True)
     fsdp_optimizer_s_per_layer: float = 0.0  # DTensor's dispatch in the optimizer step over FSDP2's sharded
-                                             # parameters, one layer's, once a step: paid under ZeRO-3 only
+                                             # parameters, one layer's, once a step: paid under ZeRO-2/3
     param_bytes: float = 0.0        # parameter bytes of the whole unsharded model as ZeRO all-gathers them;
                                     # 0: as many as the gradients (fp32 parameters)
     blocking_gathers: bool = False  # ZeRO-3's gathers and scatters hold the issuing thread (a host timeline:
@@ -199,10 +200,10 @@ def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> 
 
 def host_fixed_s(w: Workload, c: Config, zero: int) -> tuple[float, float]:
     """(forward, backward) fixed host seconds of one layer and micro-batch: the host operators'
-    fixed cost, with DTensor's dispatch at TP > 1 and FSDP2's own time under ZeRO-3 (zero: the
+    fixed cost, with DTensor's dispatch at TP > 1 and FSDP2's own time under ZeRO-2/3 (zero: the
     stage in effect), split between the passes as compute is."""
     fixed = w.host_fixed_s_per_layer + (w.dtensor_s_per_layer if c.tp > 1 else 0.0) \
-        + (w.fsdp_s_per_layer if zero >= 3 else 0.0)
+        + (w.fsdp_s_per_layer if zero >= 2 else 0.0)
     return fixed / (1 + w.bwd_ratio), fixed * w.bwd_ratio / (1 + w.bwd_ratio)
 
 
@@ -232,7 +233,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
         optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1))
-        + (w.fsdp_optimizer_s_per_layer * layers if zero >= 3 else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
+        + (w.fsdp_optimizer_s_per_layer * layers if zero >= 2 else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,
