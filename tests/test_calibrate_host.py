@@ -18,8 +18,8 @@ from diag.trace import load_job
 MS = 1e-3
 
 
-def diagnosis(tmp_path, w, c, host: HostOps):
-    write_job(simulate(w, c, Links(), steps=4), str(tmp_path), c, w)
+def diagnosis(tmp_path, w, c, host: HostOps, links: Links = Links()):
+    write_job(simulate(w, c, links, steps=4), str(tmp_path), c, w)
     d = diagnose(load_job(str(tmp_path)))
     for r in d.ranks:
         r.host_ops = host
@@ -106,21 +106,24 @@ def test_recompute_pays_the_forward_share_again(tmp_path):
     assert cal.model_step_s == pytest.approx(16 * MS, rel=1e-3)
 
 
-def test_fsdp_own_time_comes_out_of_compute_and_goes_with_zero3(tmp_path):
-    """ZeRO-3 at DP 2, 4 layers, forward 1 ms, m=2: compute 2 x 4 x 3 = 24 ms per step (the 1 MB
-    gathers at 100 GB/s hide behind it). The trace's FSDP2 time: 4 ms per step of its own spans,
-    0.5 ms per layer and micro-batch; its optimizer's DTensor dispatch 2 ms per step, 0.5 ms per
-    layer. What scales: (24 - 4 - 2) / (2 x 4 x 3) = 0.75 ms forward. The model pays the 6 ms under
-    ZeRO-3 and nothing of it replicated, where the same workload without them gives the same step."""
+def fsdp_calibration(tmp_path, zero: int, marks: bool = True):
+    """DP 2, 4 layers, forward 1 ms, m=2, 1 MB gathers at 100 GB/s (hidden behind compute): compute
+    2 x 4 x 3 = 24 ms per step. With marks, the trace's FSDP2 time is 4 ms per step of its own spans
+    and 2 ms of its optimizer's DTensor dispatch; without, unknown (None)."""
     w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
-    c = Config(dp=2, num_micro_batches=2, zero=3)
+    c = Config(dp=2, num_micro_batches=2, zero=zero)
+    fsdp = dict(fsdp_per_step_s=4 * MS, fsdp_optimizer_dispatch_per_step_s=2 * MS) if marks else {}
     host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
-                   framework_per_step_s=0.0, fsdp_per_step_s=4 * MS, fsdp_optimizer_dispatch_per_step_s=2 * MS)
-    write_job(simulate(w, c, Links(dp=100e9), steps=4), str(tmp_path), c, w)
-    d = diagnose(load_job(str(tmp_path)))
-    for r in d.ranks:
-        r.host_ops = host
-    cal = calibrate(d)
+                   framework_per_step_s=0.0, **fsdp)
+    return calibrate(diagnosis(tmp_path, w, c, host, Links(dp=100e9)))
+
+
+def test_fsdp_own_time_comes_out_of_compute_and_goes_with_zero3(tmp_path):
+    """ZeRO-3: FSDP2's 4 ms per step are 0.5 ms per layer and micro-batch, its optimizer's 2 ms
+    0.5 ms per layer. What scales: (24 - 4 - 2) / (2 x 4 x 3) = 0.75 ms forward. The model pays the
+    6 ms under ZeRO-3 and nothing of it replicated, where the same workload without them gives the
+    same step."""
+    cal = fsdp_calibration(tmp_path, 3)
     assert cal.config.zero == 3
     assert cal.workload.fsdp_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
     assert cal.workload.fsdp_optimizer_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
@@ -133,17 +136,9 @@ def test_fsdp_own_time_comes_out_of_compute_and_goes_with_zero3(tmp_path):
 
 
 def test_zero3_without_fsdp_marks_says_its_host_time_is_unknown(tmp_path):
-    """The same job, its traces without FSDP2's marks (HostOps.fsdp_per_step_s None): nothing taken
-    out for FSDP, and the calibration says what it cannot price."""
-    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
-    c = Config(dp=2, num_micro_batches=2, zero=3)
-    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
-                   framework_per_step_s=0.0)
-    write_job(simulate(w, c, Links(dp=100e9), steps=4), str(tmp_path), c, w)
-    d = diagnose(load_job(str(tmp_path)))
-    for r in d.ranks:
-        r.host_ops = host
-    cal = calibrate(d)
+    """The same job, its traces without FSDP2's marks: nothing taken out for FSDP (forward 1 ms),
+    and the calibration says what it cannot price."""
+    cal = fsdp_calibration(tmp_path, 3, marks=False)
     assert cal.workload.fsdp_s_per_layer == 0.0 and cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-3)
     assert any("ZeRO-3's own host time (hooks, copies) unknown" in a for a in cal.assumptions)
 
@@ -151,14 +146,6 @@ def test_zero3_without_fsdp_marks_says_its_host_time_is_unknown(tmp_path):
 def test_fsdp_own_time_is_not_taken_at_zero1(tmp_path):
     """ZeRO-1 (the optimizer states sharded by ZeroRedundancyOptimizer or Megatron's distributed
     optimizer, not FSDP2): FSDP's figures, had a trace any, are not taken out; forward 1 ms."""
-    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
-    c = Config(dp=2, num_micro_batches=2, zero=1)
-    host = HostOps(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0, aten_op_s=0.0,
-                   framework_per_step_s=0.0, fsdp_per_step_s=4 * MS, fsdp_optimizer_dispatch_per_step_s=2 * MS)
-    write_job(simulate(w, c, Links(dp=100e9), steps=4), str(tmp_path), c, w)
-    d = diagnose(load_job(str(tmp_path)))
-    for r in d.ranks:
-        r.host_ops = host
-    cal = calibrate(d)
+    cal = fsdp_calibration(tmp_path, 1)
     assert cal.config.zero == 1 and cal.workload.fsdp_s_per_layer == 0.0
     assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-2)
