@@ -7,7 +7,7 @@ import pytest
 
 from diag.advise import Config, Links, Workload, simulate
 from diag.advise.memory import MemoryConfig, MemoryModel, Shape, activation_bytes_per_layer, fit_ladder, \
-    head_bytes, in_flight, lever_flags, rank_estimate, recompute_bytes
+    head_bytes, in_flight, lever_flags, rank_estimate, recompute_bytes, sharding_buffers
 from diag.advise.recommend import with_advice
 from diag.advise.synth import write_job
 from diag.analysis import diagnose
@@ -114,6 +114,49 @@ def test_the_trainers_job_by_hand():
     assert eager.activations - none.activations == 4 * 5 * 4 * 128 / 64 * sbh * 2 == 10_485_760
 
 
+def test_zero3_buffers_by_hand():
+    """ZeRO-3's own buffers (FSDP2, fully_shard per block and per stage; docs/memory.md). The
+    trainer's shape: a block 12 h^2 = 12 x 64^2 = 49,152 parameters, the ends 2 V h = 2 x 128 x 64
+    = 16,384 (one stage: both), 4 blocks + ends = 212,992 parameters; fp32 (4 B weights and
+    gradients). m = 2 micro-batches, 1 in flight (1F1B, one stage), so the peak comes in the second
+    backward, with every unsharded gradient of the first (reduce-scatter deferred to the step's end):
+      gloo: (16,384 + 3 x 49,152) x 4 = 655,360 gathered (root, the block computed, the block
+            prefetched, gloo's flat all-gather buffer) + 212,992 x 4 = 851,968 deferred = 1,507,328;
+      nccl: (16,384 + 2 x 49,152) x 4 = 458,752 + 851,968 = 1,310,720;
+      m = 1 (the one micro-batch in flight: nothing deferred at the peak): 458,752 on NCCL.
+    GPT at TP 2 x PP 2, DP 4, bf16 (2 B weights, 4 B fp32 main gradients), stage 0 of 1F1B with
+    m = 8 > 2 in flight: a block 12 x 2048^2 / 2 = 25,165,824, the embedding 50304 x 2048 / 2 =
+    51,511,296: (51,511,296 + 2 x 25,165,824) x 2 = 203,685,888 gathered, plus 353,501,184
+    parameters x 4 = 1,414,004,736 deferred: 1,617,690,624. GPipe holds all 8 in flight at its
+    peak (the first backward): nothing deferred. Below ZeRO-3: nothing."""
+    z3 = replace(TRAINER_JOB, zero=3, num_micro_batches=2)
+    assert sharding_buffers(TRAINER, replace(z3, backend="gloo"), 0) == 1_507_328
+    assert sharding_buffers(TRAINER, z3, 0) == 1_310_720
+    assert sharding_buffers(TRAINER, replace(z3, num_micro_batches=1), 0) == 458_752
+    assert sharding_buffers(TRAINER, replace(z3, zero=2), 0) == 0
+    gpt = replace(TP2PP2, zero=3)
+    assert sharding_buffers(GPT, gpt, 0) == 1_617_690_624
+    assert sharding_buffers(GPT, replace(gpt, schedule="gpipe"), 0) == 203_685_888
+    e = rank_estimate(TRAINER, replace(z3, backend="gloo"), 0)
+    assert e.sharding_buffers == 1_507_328 and "ZeRO-3 buffers" in e.arithmetic()
+    assert e.total == e.weights + e.grads + e.optimizer + e.activations + 1_507_328
+
+
+def test_zero_down_after_calibration_drops_the_zero3_buffers():
+    """Calibrated on a ZeRO-3 run's measured peak (the zero_down job's shape: m = 2, one in flight,
+    gloo), the replicated prediction is the measurement plus what sharding saved, 212,992 x (4 + 4
+    + 8) / 2 = 1,703,936, less ZeRO-3's buffers, 1,507,328 (above): measured + 196,608. Before the
+    buffers were modelled they stayed in the held residual and the prediction was measured +
+    1,703,936."""
+    z3 = replace(TRAINER_JOB, zero=3, num_micro_batches=2, backend="gloo")
+    measured = 10_000_000.0
+    model = MemoryModel.calibrated(TRAINER, z3, measured)
+    assert model.peak(z3).total == pytest.approx(measured)
+    replicated = model.peak(replace(z3, zero=0))
+    assert replicated.sharding_buffers == 0
+    assert replicated.total == pytest.approx(measured + 196_608)
+
+
 def test_the_ladder_offers_zero_1_first_and_skips_selective_when_attention_is_fused():
     """Sharding rungs first, ZeRO-1 the first of them (--use-distributed-optimizer); selective
     recompute only when the attention may keep s x s scores; no sharding rung at dp 1."""
@@ -170,9 +213,12 @@ def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
     """TP 1 on the GPUs of TP 2 x DP 1 is TP 1 x DP 2 (m halves to 1): 64.07 GiB unsharded. The
     ladder's sharding rungs come first, ZeRO-1 the first of them: on 56 GiB devices ZeRO-1
     (optimizer / 2, 6 B a parameter less) is enough, and its flag is --use-distributed-optimizer;
-    on 50 GiB ZeRO-2 (gradients too, 8 B) is. On 24 GiB only ZeRO-3 with full recompute fits
-    (the step re-priced with one more forward); on 8 GiB nothing does: dropped, and said. On
-    72 GiB it fits as it is."""
+    on 50 GiB ZeRO-2 (gradients too, 8 B) is. On 25 GiB only ZeRO-3 with full recompute fits
+    (24.13 GiB, the step re-priced with one more forward; ZeRO-3 with selective recompute needs
+    28.6): 22.6 GiB of sharded states and activations and 1.52 GiB of ZeRO-3's own buffers, the
+    only stage's ends (V h each) and two blocks (4 h^2 + 2 h f each) gathered in bf16, no deferred
+    gradients (m = 1, the one micro-batch in flight). On 8 GiB nothing fits: dropped, and said.
+    On 72 GiB it fits as it is."""
     job = _synth(tmp_path)
     h, f, V = 4096, 16384, 50304
     n1 = 8 * (4 * h * h + 2 * h * f) + 2 * V * h
@@ -190,12 +236,14 @@ def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
     assert rec.title.endswith("with ZeRO-2 to fit")
     assert rec.flags["--data-parallel-sharding-strategy"] == "optim_grads"
     assert rec.memory_after_bytes == pytest.approx(unsharded - n1 * (6 + 2), rel=1e-9)
-    tight = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 24 << 30}))
+    tight = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 25 << 30}))
     (full,) = [r for r in tight.recommendations if r.rule == "tp_layout"]
     assert full.title.endswith("with ZeRO-3 and full recompute to fit")     # 18/2 B per parameter
     s, b = 2048, 4                      # layer inputs 2 s b h x 8, one layer re-materialised, the head
+    gathered = (2 * V * h + 2 * (4 * h * h + 2 * h * f)) * 2                 # 1,629,487,104 B
     assert full.memory_after_bytes == pytest.approx(
-        n1 * 9 + 8 * 2 * s * b * h + (114 - 2) * s * b * h + _head(1), rel=1e-9)
+        n1 * 9 + 8 * 2 * s * b * h + (114 - 2) * s * b * h + _head(1) + gathered, rel=1e-9)
+    assert full.memory_after_bytes / (1 << 30) == pytest.approx(24.13, abs=0.01)
     assert full.flags["--recompute-granularity"] == "full"
     assert full.step_s_after > rec.step_s_after                 # the extra forward is priced
     small = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 8 << 30}))

@@ -168,7 +168,14 @@ def test_zero3_that_memory_does_not_need_is_lowered_and_priced(tmp_path):
     m x (42 + 44) + 5 ms (the last reduce-scatter) = 177 ms. Replicated, with --overlap-grad-reduce,
     the eight 10 ms bucket all-reduces start as the last micro-batch's backward frees them:
     96 - 8 x 4 + 4 + 80 = 148 ms. The rule proposes no sharding, priced by the model, with the
-    flags that remove it."""
+    flags that remove it.
+    Its memory: synth's GPT (h 4096, f 16384, V 50304, 8 layers, bf16), a block 4 h^2 + 2 h f =
+    201,326,592 parameters, the ends 2 V h = 412,090,368, 2,022,703,104 in all. Replicated holds
+    18 B a parameter, ZeRO-3 at DP 2 9 B: 9 x 2,022,703,104 = 18,204,327,936 more; but ZeRO-3 also
+    holds its own buffers, which replicated does not: the ends and two blocks gathered in bf16,
+    (412,090,368 + 2 x 201,326,592) x 2 = 1,629,487,104, and (m = 2, one in flight) every unsharded
+    gradient until the deferred reduce-scatter, 2,022,703,104 x 4 = 8,090,812,416. The change of
+    peak: 18,204,327,936 - 9,720,299,520 = 8,484,028,416 B."""
     w = Workload(num_layers=8, fwd_s_per_layer=2 * MS, grad_bytes=8e9)
     c = Config(dp=2, num_micro_batches=2, zero=3, overlap_grad_reduce=True, bucket_bytes=5e8)
     links = Links(dp=100e9)
@@ -185,6 +192,7 @@ def test_zero3_that_memory_does_not_need_is_lowered_and_priced(tmp_path):
     assert rec.step_s_after == pytest.approx(step_time(w, Config(dp=2, num_micro_batches=2, overlap_grad_reduce=True,
                                                                  bucket_bytes=5e8), links), rel=1e-3)
     assert rec.memory_before_bytes < rec.memory_after_bytes <= rec.memory_capacity_bytes
+    assert rec.memory_after_bytes - rec.memory_before_bytes == pytest.approx(8_484_028_416, rel=1e-12)
 
 
 def test_zero_bubble_schedule_is_simulated(tmp_path):

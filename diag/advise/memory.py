@@ -27,7 +27,16 @@ Per rank, in bytes (docs/memory.md works every term by hand):
   output layer's input (2·s·b·h each) and the logits the loss keeps in fp32 (4·s·b·V), /t, per
   micro-batch in flight there;
 - micro-batches in flight on stage i of p (Narayanan et al. 2021): 1F1B min(m, p - i); GPipe m;
-  interleaved 1F1B the 1F1B count times (1 + (p - 1) / (p · v)).
+  interleaved 1F1B the 1F1B count times (1 + (p - 1) / (p · v));
+- ZeRO-3's own buffers (FSDP2, `fully_shard` per transformer block and per stage, as torchtitan and
+  the trainer wrap; torch 2.13's source, docs/memory.md): at the peak it holds the stage root's
+  parameters unsharded (the embedding on the first stage, the output layer on the last: gathered
+  at the start of backward and kept through it) and two blocks' (the block being computed and the
+  all-gather output of the next: prefetched in backward, kept until the next copy-out in forward),
+  in the weights' dtype; on gloo one more block's, the flat buffer gloo's all-gather fills before
+  copying out. When the stage runs more micro-batches than it holds in flight, the peak comes in a
+  later backward, and torch's pipelining defers FSDP2's reduce-scatter to the step's end: every
+  parameter's unsharded gradient (fp32 main-gradient bytes) is held there.
 """
 from __future__ import annotations
 
@@ -41,6 +50,8 @@ from ..hardware import device_memory
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 SHARDING = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}   # Megatron-LM's names
+FSDP_GATHERED_BLOCKS = 2    # blocks unsharded at once under ZeRO-3: the one computed and the next one
+GLOO_GATHER_COPIES = 1      # gloo's all-gather fills a flat buffer of the output's size, then copies out
 GiB, MiB = float(1 << 30), float(1 << 20)
 ATTENTION_WORDS = {
     "fused": "attention fused (the trace's ops): no s x s scores kept, selective recompute saves nothing",
@@ -82,6 +93,7 @@ class MemoryConfig:
     zero: int = 0                       # 0 replicated, 1 optimizer, 2 + gradients, 3 + weights sharded
     recompute: str = "none"
     dtype: str = "bf16"                 # bf16 (mixed precision, fp32 master) or fp32
+    backend: str = "nccl"               # the DP collectives' backend (gloo: one more all-gather buffer)
 
     def __post_init__(self) -> None:
         if self.zero not in ZERO_STAGES or self.recompute not in RECOMPUTE:
@@ -99,17 +111,19 @@ class Estimate:
     in_flight: float                    # micro-batches whose activations are held at the peak
     other: float = 0.0                  # the calibration's residual: measured peak - modelled (any sign)
     words: list[str] = field(default_factory=list)
+    sharding_buffers: float = 0.0       # ZeRO-3's gathered weights and deferred unsharded gradients
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.other
+        return self.weights + self.grads + self.optimizer + self.sharding_buffers + self.activations + self.other
 
     def arithmetic(self) -> str:
         """The sum, in GiB (MiB for small models), as a person would check it."""
         div, unit = (GiB, "GiB") if self.total >= GiB else (MiB, "MiB")
         other = f" {'+' if self.other >= 0 else '-'} other {abs(self.other) / div:.3g}" if self.other else ""
+        fsdp = f" + ZeRO-3 buffers {self.sharding_buffers / div:.3g}" if self.sharding_buffers else ""
         return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
-                f"{self.optimizer / div:.3g} + activations {self.activations / div:.3g} ({self.in_flight:g} "
+                f"{self.optimizer / div:.3g}{fsdp} + activations {self.activations / div:.3g} ({self.in_flight:g} "
                 f"micro-batch{'es' * (self.in_flight != 1)} in flight){other} "
                 f"= {self.total / div:.3g} {unit} (stage {self.stage})")
 
@@ -119,13 +133,34 @@ def per_param_bytes(dtype: str) -> tuple[float, float, float]:
     return (2.0, 4.0, 12.0) if dtype in ("bf16", "fp16") else (4.0, 4.0, 8.0)
 
 
+def block_params(s: Shape) -> float:
+    """One transformer block's parameters, unsharded (gpt_params of one layer, no embedding)."""
+    return gpt_params(1, s.hidden, 0, s.ffn, num_heads=s.heads, num_query_groups=s.query_groups, swiglu=s.swiglu)
+
+
+def end_params(s: Shape, lay: MemoryConfig, stage: int) -> float:
+    """The embedding on the first stage and the output layer on the last (untied), V·h each."""
+    return ((stage == 0) + (stage == lay.pp - 1)) * s.vocab * s.hidden
+
+
 def params_on_stage(s: Shape, lay: MemoryConfig, stage: int) -> float:
     """Parameters held by one rank of `stage` (blocks split over pp, everything over tp)."""
-    blocks = gpt_params(s.num_layers, s.hidden, 0, s.ffn, num_heads=s.heads,
-                        num_query_groups=s.query_groups, swiglu=s.swiglu)
-    embed = s.vocab * s.hidden
-    ends = (stage == 0) + (stage == lay.pp - 1)
-    return (blocks / lay.pp + ends * embed) / lay.tp
+    return (block_params(s) * s.num_layers / lay.pp + end_params(s, lay, stage)) / lay.tp
+
+
+def sharding_buffers(s: Shape, lay: MemoryConfig, stage: int) -> float:
+    """What ZeRO-3 (FSDP2) holds at the peak beyond the sharded weights, gradients and states:
+    the stage root's parameters (its ends) and FSDP_GATHERED_BLOCKS blocks' unsharded, in the
+    weights' dtype (+ GLOO_GATHER_COPIES blocks on gloo, sharded over more than one rank), and,
+    when more micro-batches run than are in flight at the peak, every parameter's unsharded
+    gradient (pipelining defers the reduce-scatter to the step's end); 0 below ZeRO-3."""
+    if lay.zero < 3:
+        return 0.0
+    w, g, _ = per_param_bytes(lay.dtype)
+    blocks = FSDP_GATHERED_BLOCKS + GLOO_GATHER_COPIES * (lay.backend == "gloo" and lay.dp * lay.cp > 1)
+    gathered = (end_params(s, lay, stage) + blocks * block_params(s)) / lay.tp * w
+    deferred = params_on_stage(s, lay, stage) * g if lay.num_micro_batches > in_flight(lay, stage) else 0.0
+    return gathered + deferred
 
 
 def scores_term(s: Shape, lay: MemoryConfig) -> float:
@@ -187,7 +222,7 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -
     act = (activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight + recompute_bytes(s, lay)
            + (stage == lay.pp - 1) * head_bytes(s, lay) * flight)
     return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
-                    in_flight=flight, other=other)
+                    in_flight=flight, other=other, sharding_buffers=sharding_buffers(s, lay, stage))
 
 
 STAGES_LISTED = 4096      # per-stage parts past it: the first stages and the last (a claimed PP of 2^23)
@@ -221,7 +256,7 @@ class MemoryModel:
         model.other = float(measured_peak) - e.total
         model.basis = (f"other {'+' if model.other >= 0 else '-'}{human(abs(model.other))}: the measured peak "
                        f"{human(measured_peak)} less the modelled {human(e.total)} (weights, gradients, optimizer "
-                       "states and activations), held in every prediction")
+                       "states, ZeRO-3's buffers and activations), held in every prediction")
         return model
 
     def parts(self, lay: MemoryConfig) -> list[MemoryParts]:
@@ -231,7 +266,8 @@ class MemoryModel:
         for st in listed:
             e = rank_estimate(self.shape, lay, st, self.other)
             out.append(MemoryParts(stage=st, weights=e.weights, grads=e.grads, optimizer=e.optimizer,
-                                   activations=e.activations, other=e.other, total=e.total))
+                                   activations=e.activations, other=e.other, total=e.total,
+                                   sharding_buffers=e.sharding_buffers))
         return out
 
     def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:
@@ -311,6 +347,12 @@ def zero_flags(stage: int, before: int = 0) -> dict:
             "--use-distributed-optimizer": "" if stage == 1 else None}
 
 
+def collective_backend(d) -> str:
+    """gloo when the run's backend says so (the trainer on CPU), else nccl."""
+    names = f"{getattr(d, 'backend', None) or ''},{d.facts.backend or ''}".lower()
+    return "gloo" if "gloo" in names else "nccl"
+
+
 def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Optional[float], list[str]]:
     """(model, the measured run's memory config, device capacity in bytes, notes) from d.facts;
     (None, None, capacity, why) when the model shape is not known."""
@@ -333,7 +375,7 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        schedule="interleaved" if "interleaved" in sched else sched if sched in ("gpipe", "zb1p") else "1f1b",
                        virtual_stages=f.virtual_pipeline_stages or 1, sequence_parallel=bool(f.sequence_parallel),
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
-                       dtype="fp32" if f.dtype == "fp32" else "bf16")
+                       dtype="fp32" if f.dtype == "fp32" else "bf16", backend=collective_backend(d))
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
     return model, lay, capacity, [f"memory model: {model.basis}", ATTENTION_WORDS.get(f.attention, ATTENTION_WORDS[None]),
                                   f"peak memory now: {model.peak(lay).arithmetic()}"]

@@ -60,7 +60,8 @@ def model_lines(m: Optional[MemoryUsage]) -> list[str]:
         return []
     out = [f"Memory model: {m.model_basis}"] if m.model_basis else []
     out += [f"  stage {p.stage}: weights {mib(p.weights)} + gradients {mib(p.grads)} + optimizer {mib(p.optimizer)}"
-            f" + activations {mib(p.activations)}"
+            + (f" + ZeRO-3 buffers {mib(p.sharding_buffers)}" if p.sharding_buffers else "")
+            + f" + activations {mib(p.activations)}"
             + (f" {'+' if p.other >= 0 else '-'} other {mib(abs(p.other))}" if p.other else "")
             + f" = {mib(p.total)} MiB" for p in m.model]
     return out

@@ -77,6 +77,8 @@ class CommTap(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.comm.held:  # the caller has the Works launched before this op by now
+            self.comm.let_go()
         if DTensor in types or AsyncCollectiveTensor in types:
             return NotImplemented  # let the subclass desugar into ops this mode then sees
         if func.namespace not in _NAMESPACES:

@@ -149,3 +149,20 @@ def test_profiler_export_failure_is_one_warning(tmp_path, capsys):
             prof.step()
     assert safe.failures["profiler export"] == 1
     assert prof.exported is None
+
+
+def test_comm_log_does_not_keep_collectives_waited_elsewhere(tmp_path):
+    """A collective waited inside c10d (FSDP2's all-gathers and reduce-scatters: the tap never
+    sees their wait) is logged with an unknown duration, and its tensors are freed when the
+    caller drops them: the log held each one's Work (which holds its output and input) until the
+    next step's flush, so the trainer measured ZeRO-3's peak with every all-gather output of the
+    step alive (docs/trainer.md). Real gloo, one rank, the profiler's allocation counter: after
+    4 MiB in and 4 MiB out are dropped, less than one of them is still allocated (8 MiB before
+    the fix). A collective waited through the tap keeps its duration."""
+    from .runner import run_workers
+
+    (rec,) = run_workers("tests.trainer.tap_worker", tmp_path, 1)
+    assert rec["allocated_after"] < 4 * (1 << 20), rec["allocated_after"]
+    by_op = {r["op"]: r for r in rec["records"]}
+    assert by_op["all_gather"]["duration"] is None and by_op["all_gather"]["bytes"] == 4 * (1 << 20)
+    assert by_op["all_reduce"]["duration"] is not None and by_op["all_reduce"]["duration"] > 0
