@@ -25,7 +25,7 @@ from ..analysis.bandwidth import bus_factor
 from ..analysis.results import Diagnosis, steps_in_window
 from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
-from .model import Config, Links, ModelTooBig, Workload, step_time
+from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, step_time
 
 BWD_RATIO = 2.0
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
@@ -126,13 +126,19 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
     return [float(np.mean(by_stage[s])) for s in range(pp)]
 
 
+def _host_ops(d: Diagnosis) -> list:
+    """Every rank's HostOps; empty unless each rank has them (host timelines only)."""
+    ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
+    return ranks if ranks and len(ranks) == len(d.ranks) else []
+
+
 def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
                 recompute: bool, notes: list) -> tuple[float, float]:
     """(host fixed s, DTensor dispatch s) per layer per micro-batch from the ranks' HostOps; zeros
     on GPU timelines and traces without them. The fixed part of the measured run's compute is
     taken out of what scales with the micro-batch."""
-    ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
-    if not ranks or len(ranks) < len(d.ranks):
+    ranks = _host_ops(d)
+    if not ranks:
         return 0.0, 0.0
     fixed = float(np.mean([h.fixed_per_step_s for h in ranks]))
     dtensor = float(np.mean([h.dtensor_per_step_s for h in ranks])) if tp > 1 else 0.0
@@ -176,10 +182,8 @@ def _fsdp_host(d: Diagnosis, zero: int, tp: int, mb_layers: int, stage_layers: i
     per step) from the ranks' HostOps: what going below ZeRO-2 (which FSDP2 implements, as ZeRO-3)
     takes off a host timeline besides its traffic. Zeros where the run is not ZeRO-2/3, or its
     trace has no FSDP2 marks (then said)."""
-    if zero < 2:
-        return 0.0, 0.0
-    ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
-    if not ranks or len(ranks) < len(d.ranks):
+    ranks = _host_ops(d) if zero >= FSDP_MIN_ZERO else []
+    if not ranks:
         return 0.0, 0.0
     if any(h.fsdp_per_step_s is None for h in ranks):
         notes.append(f"ZeRO-{zero}'s own host time (hooks, copies) unknown: no FSDP2 `FSDP::` marks in the trace "
@@ -298,12 +302,12 @@ def calibrate(d: Diagnosis) -> Calibration:
     host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes)
     zero = zero_stage(meta)
     fsdp, fsdp_opt = _fsdp_host(d, zero, tp, mb_layers, layers // pp, notes)
-    fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO)) \
-        + mb_layers * fsdp + (layers // pp) * fsdp_opt
-    if fsdp and fixed >= min(compute):
+    fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
+    fsdp_fixed = mb_layers * fsdp + (layers // pp) * fsdp_opt
+    if fsdp_fixed and fixed + fsdp_fixed >= min(compute):
         notes.append("FSDP2's own host time not modelled: with the fixed cost it exceeds the measured compute of a stage")
-        fsdp = fsdp_opt = 0.0
-        fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
+        fsdp = fsdp_opt = fsdp_fixed = 0.0
+    fixed += fsdp_fixed
     scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
     mean_c = float(np.mean(scaled))
     fwd = mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))

@@ -349,7 +349,7 @@ def zero_flags(stage: int, before: int = 0) -> dict:
 
 def collective_backend(d) -> str:
     """gloo when the run's backend says so (the trainer on CPU), else nccl."""
-    names = f"{getattr(d, 'backend', None) or ''},{d.facts.backend or ''}".lower()
+    names = f"{d.backend or ''},{d.facts.backend or ''}".lower()
     return "gloo" if "gloo" in names else "nccl"
 
 

@@ -34,6 +34,12 @@ class ModelTooBig(ValueError):
     """A configuration past MAX_SIM_UNITS: the model does not simulate it."""
 
 
+# The least ZeRO stage FSDP2 implements (ZeRO-2: reshard_after_forward=False; ZeRO-3: True): its own
+# host time (Workload.fsdp_*) is paid from this stage up. ZeRO-1 is torch's ZeroRedundancyOptimizer
+# or Megatron-LM's distributed optimizer, not FSDP2.
+FSDP_MIN_ZERO = 2
+
+
 def _units_per_pass(config: "Config") -> int:
     """At CP c each layer's backward also holds c permutes of dK and dV (one per ring step), so a
     layer pass counts 1 + c/4 units (a pass is about four events)."""
@@ -203,7 +209,7 @@ def host_fixed_s(w: Workload, c: Config, zero: int) -> tuple[float, float]:
     fixed cost, with DTensor's dispatch at TP > 1 and FSDP2's own time under ZeRO-2/3 (zero: the
     stage in effect), split between the passes as compute is."""
     fixed = w.host_fixed_s_per_layer + (w.dtensor_s_per_layer if c.tp > 1 else 0.0) \
-        + (w.fsdp_s_per_layer if zero >= 2 else 0.0)
+        + (w.fsdp_s_per_layer if zero >= FSDP_MIN_ZERO else 0.0)
     return fixed / (1 + w.bwd_ratio), fixed * w.bwd_ratio / (1 + w.bwd_ratio)
 
 
@@ -233,7 +239,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
         optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1))
-        + (w.fsdp_optimizer_s_per_layer * layers if zero >= 2 else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
+        + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,

@@ -71,8 +71,8 @@ class CommLog:
     # -- what the tap reports ---------------------------------------------------------------
     def launched(self, op, axis, ranks, nbytes, launch, key_of):
         """Run `launch()` (the dispatch of one async operation) under its label; `key_of(out)`
-        names what its wait will be given (kept alive until then)."""
-        self.let_go()
+        names what its wait will be given (kept alive until then; the tap lets earlier ones go
+        before each op it sees, this one included)."""
         pending = self._open(op, axis, ranks, nbytes)
         with torch.profiler.record_function(f"diag:comm:{axis}:{op}:{nbytes}"):
             out = launch()
