@@ -25,7 +25,7 @@ import torch.distributed as dist
 from diag.analysis.bandwidth import busbw, algbw, message_bytes
 from diag.layout import Axis, RankGrid
 from diag.trace.kinds import coll_from_arg
-from instrumented_trainer.launch import spawn
+from instrumented_trainer.launch import gpu_for, spawn
 
 SCHEMA = "diag.collbench/1"
 DTYPE, DTYPE_BYTES = torch.float32, 4
@@ -228,7 +228,8 @@ def worker(args) -> int:
     backend = "nccl" if use_cuda else "gloo"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(gpu_for(int(os.environ.get("LOCAL_RANK", rank)),
+                                      torch.cuda.device_count()))
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     dist.init_process_group(backend)
     try:

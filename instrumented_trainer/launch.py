@@ -15,6 +15,7 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,26 @@ from diag.ports import free_port
 from .telemetry.heartbeat import DONE, ENV, HOLD, beat_path, read_beat
 
 _PR_SET_PDEATHSIG = 1
+
+
+def gpu_for(local_rank: int, gpus: int) -> int:
+    """This rank's GPU: its local rank, or, with more local ranks than GPUs (a one-GPU laptop or
+    test machine), local rank modulo the GPUs. NCCL refuses two ranks of one host on one GPU
+    ("Duplicate GPU detected"), so ranks that share are each given a host identity of their own
+    (NCCL_HOSTID, unless already set) and talk over sockets: the traces are real NCCL, but the
+    timings are not a node's (no NVLink, and the ranks' kernels take turns on the GPU)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if gpus <= 0 or local_world <= gpus:
+        return local_rank
+    if "NCCL_HOSTID" not in os.environ:
+        os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-diag-rank{local_rank}"
+        if int(os.environ.get("WORLD_SIZE", 1)) == local_world:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # one node: loopback reaches all
+    if local_rank == 0:
+        print(f"warning: {local_world} ranks share {gpus} GPU(s); NCCL between them goes over "
+              "sockets (NCCL_HOSTID per rank): the traces are real, the timings not a node's",
+              file=sys.stderr, flush=True)
+    return local_rank % gpus
 
 
 def _child_env(rank: int, world: int, port: int, command: str, beats: str | None = None) -> dict[str, str]:

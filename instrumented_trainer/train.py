@@ -22,6 +22,7 @@ from instrumented_trainer import faults
 from instrumented_trainer.config import JobConfig
 from instrumented_trainer.data import global_batch, replica_batch
 from instrumented_trainer.faults import Fault
+from instrumented_trainer.launch import gpu_for
 from instrumented_trainer.model import GPTStage, apply_recompute
 from instrumented_trainer.parallel.data_parallel import GradSync, apply_fsdp
 from instrumented_trainer.parallel.mesh import JobMesh
@@ -52,8 +53,8 @@ class Runtime:
     def resolve(cls, cfg, local_rank: int) -> "Runtime":
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         if cuda:
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
+            device = torch.device("cuda", gpu_for(local_rank, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
             torch.set_num_threads(1)  # N ranks share the host's cores; oversubscription is noise

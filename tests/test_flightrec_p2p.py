@@ -110,3 +110,28 @@ def test_a_batch_of_sends_and_recvs_is_matched_op_by_op(tmp_path):
     (x,) = fr.p2p
     assert (x.src, x.dst, x.posted, x.absent, x.op, x.seq, x.matched) == (0, 1, 0, 1, "send", 3, 2)
     assert not any("not matched" in n for n in fr.notes), fr.notes
+
+
+def test_nccl_batch_closers_recorded_as_collectives_stay_with_their_batch():
+    """The H100 sample's dumps (sample_traces/h100_tp2_pp2_dp2; torch 2.11, NCCL 2.28): each batch
+    of the pipeline's sends and recvs is closed by a `nccl:coalesced` entry that is *not* marked
+    p2p and has collective_seq_id 0; the parts stay `scheduled`, only the closer completes. Matched
+    as collectives, the closers made a 'pp:coalesced' row of every batch paired by that 0. Truth
+    from the raw dumps: every pp closer completed, so every part did."""
+    import os
+    from conftest import ROOT
+    from diag.trace.flightrec import read_dump
+
+    folder = os.path.join(ROOT, "sample_traces", "h100_tp2_pp2_dp2", "flightrec")
+    raw = json.load(open(os.path.join(folder, "rank-0.json")))["entries"]
+    closers = [e for e in raw if e["profiling_name"] == "nccl:coalesced" and e["process_group"][1] == "mesh_pp"]
+    assert closers and not any(e["is_p2p"] for e in closers)       # the case under test
+    assert all(e["state"] == "completed" for e in closers)
+    assert any(e["is_p2p"] and e["state"] == "scheduled" for e in raw)
+    parts = [e for e in read_dump(os.path.join(folder, "rank-0.json")).entries
+             if e.p2p and not e.op.endswith("coalesced")]
+    assert len(parts) == sum(e["is_p2p"] for e in raw) and all(e.state == "completed" for e in parts)
+    fr, problems = flight_record(folder)
+    assert not problems and not fr.p2p and not fr.hangs
+    assert [t for t in fr.timings if "coalesced" in t.op] == []
+    assert {t.axis for t in fr.timings} >= {"tp", "dp"}

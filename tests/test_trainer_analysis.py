@@ -134,3 +134,27 @@ def test_the_trainers_own_summaries_give_the_full_analysis(runs):
     merged = analysis(path)
     assert comparable(merged) == comparable(analysis(path, "--no-summaries"))
     assert any("2 of 2 ranks read from their summaries" in n for n in merged["notes"]), merged["notes"]
+
+
+def test_nccl_batched_pipeline_transfers_have_their_axis_and_size():
+    """torch 2.11 + NCCL 2.28 on an H100 (sample_traces/h100_tp2_pp2_dp2): pipelining batches a
+    stage's sends and receives (batch_isend_irecv), NCCL runs each batch as one
+    `ncclDevKernel_SendRecv` kernel launched in `nccl:coalesced`, and neither carries args; the
+    parts' `record_param_comms` (group, size) name them. Truth from the raw events: every rank's
+    SendRecv kernels are counted, and the size is the one the trainer's pp labels give."""
+    path = os.path.join(ROOT, "sample_traces", "h100_tp2_pp2_dp2")
+    kernels, sizes = 0, set()
+    for r in range(8):
+        with gzip.open(os.path.join(path, f"rank-{r}.pt.trace.json.gz")) as f:
+            for e in json.load(f)["traceEvents"]:
+                name = str(e.get("name", ""))
+                if e.get("cat") == "kernel" and name.startswith("ncclDevKernel_SendRecv"):
+                    assert "Process Group Name" not in e.get("args", {})   # the case under test
+                    kernels += 1
+                elif name.startswith("diag:comm:pp:send:"):
+                    sizes.add(int(name.rsplit(":", 1)[1]))
+    d = diagnose(load_job(path))
+    pp = [o for o in d.comm.ops if o.axis == "pp"]
+    assert [o.op for o in pp] == ["send_recv"] and pp[0].calls == kernels > 0
+    assert int(pp[0].median_bytes) in sizes and pp[0].group_size == 2
+    assert not [o for o in d.comm.ops if o.op == "send_recv" and o.axis != "pp"]

@@ -171,11 +171,80 @@ def gpu_comms(rt: RankTrace, w: Window, compute: iv.Intervals) -> RankComms:
     axis, lcoll, lbytes = _label_info(t, label)
     coll[coll == Coll.UNKNOWN] = lcoll[coll == Coll.UNKNOWN]
     nbytes[nbytes < 0] = lbytes[nbytes < 0]
-    for named_at in [rows] + hosts:          # the kernel's group name, else its launching op's
+    named = _fill_batches(rt, lts, lth, coll, group, size, nbytes, axis)
+    for named_at in [rows] + hosts + [named]:   # the kernel's group name, its launching op's, its parts'
         _fill_named(axis, rt, named_at)
     rc = _finish(rt.rank, t, rows, step, coll, axis, group, size, nbytes, compute)
     implied_group_size(rc, rt.pg_config)
     return rc
+
+
+def _batch_parts(t, lts: np.ndarray, lth: np.ndarray) -> list:
+    """For each kernel launched inside `nccl:coalesced`, the `record_param_comms` rows of the
+    batch's parts, else ().
+
+    NCCL runs a batch (pipelining's sends and receives through batch_isend_irecv, a coalesced
+    collective) as one kernel, launched when the batch closes: `nccl:coalesced` carries no args
+    and neither does the kernel (`ncclDevKernel_SendRecv`, torch 2.11 + NCCL 2.28). torch records
+    each part as it is issued, with its group and size, and launches nothing: the batch's parts are
+    the `record_param_comms` rows on its thread after both the previous batch's close and the
+    thread's last communication kernel launch."""
+    out: list = [()] * lts.size
+    is_batch = lambda s: s == "nccl:coalesced"   # noqa: E731
+    batch = enclosing(t, lts, lth, is_batch)
+    if not (batch >= 0).any():
+        return out
+    rpc = np.flatnonzero(t.name_mask(lambda s: s == "record_param_comms") & t.mask(Kind.CPU_OP))
+    cts, cth = launches(t, np.flatnonzero(t.kind == Kind.COMM))     # every comm kernel's launch
+    closes = np.flatnonzero(t.name_mask(is_batch) & t.mask(Kind.CPU_OP, Kind.ANNOTATION))
+    for i in np.flatnonzero(batch >= 0):
+        th, start = t.thread[batch[i]], t.ts_ns[batch[i]]
+        prev = closes[(t.thread[closes] == th) & (t.ts_ns[closes] < start)]
+        launched = cts[(cth == th) & (cts >= 0) & (cts < start)]
+        since = max((t.ts_ns[prev] + t.dur_ns[prev]).max() if prev.size else np.iinfo(np.int64).min,
+                    launched.max() if launched.size else np.iinfo(np.int64).min)
+        out[i] = rpc[(t.thread[rpc] == th) & (t.ts_ns[rpc] > since) & (t.ts_ns[rpc] < start)]
+    return out
+
+
+def _fill_batches(rt: RankTrace, lts, lth, coll, group, size, nbytes, axis) -> np.ndarray:
+    """A batch's kernel takes what its parts agree on (`_batch_parts`): the op (send and
+    receive: SEND_RECV), the group, the axis of the trainer's labels around them; its size is
+    what it moves each way (the larger of the sends' and the receives' sums). Returns, per
+    kernel, a part's row for `_fill_named` where all parts name one group (else -1)."""
+    t = rt.events
+    named = np.full(lts.size, -1, np.int64)
+    for i, parts in enumerate(_batch_parts(t, lts, lth)):
+        if not len(parts):
+            continue
+        pc, pg, psize, pbytes = _facts(rt, np.asarray(parts))
+        ok = pc != Coll.UNKNOWN                     # not a part: a `wait` (record_param_comms too)
+        if not ok.any():
+            continue
+        parts, pc, psize, pbytes = np.asarray(parts)[ok], pc[ok], psize[ok], pbytes[ok]
+        pg = [g for g, k in zip(pg, ok) if k]
+        ops = set(pc.tolist())
+        if coll[i] == Coll.UNKNOWN and len(ops) == 1:
+            coll[i] = pc[0]
+        elif coll[i] == Coll.UNKNOWN and ops <= {Coll.SEND, Coll.RECV}:
+            coll[i] = Coll.SEND_RECV
+        groups = set(pg)
+        if len(groups) == 1 and None not in groups:
+            group[i] = group[i] or pg[0]
+            size[i] = size[i] or psize[0]
+            named[i] = parts[0]
+        if nbytes[i] < 0 and (pbytes >= 0).all():
+            if ops <= {Coll.SEND, Coll.RECV}:
+                nbytes[i] = max(int(pbytes[pc == Coll.SEND].sum()), int(pbytes[pc == Coll.RECV].sum()))
+            else:
+                nbytes[i] = int(pbytes.sum())
+        if axis[i] == AXIS_UNKNOWN:
+            pts = np.asarray(parts)
+            laxis = set(_label_info(t, enclosing(t, t.ts_ns[pts], t.thread[pts], LABEL_RE.match,
+                                                 kinds=(Kind.ANNOTATION,)))[0].tolist())
+            if len(laxis) == 1:
+                axis[i] = laxis.pop()
+    return named
 
 
 def _masked(facts, ok: np.ndarray):

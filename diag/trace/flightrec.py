@@ -21,7 +21,7 @@ import math
 import os
 import pickle
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .errors import TraceError
@@ -147,10 +147,15 @@ def fold_coalesced(entries: list[FREntry]) -> list[FREntry]:
     entry's state, completion and duration, the first part's entry time. Point-to-point entries are
     never folded: each send/recv of a batch is matched with its peer's (analysis.frp2p)."""
     last: dict = {}              # pg -> index of its latest group: parts follow one another in their pg
+    batch: dict = {}             # pg -> indices of the p2p entries since its last closing entry
     out: list = []
     for e in entries:
         if e.p2p:                # a batch of sends/recvs (batch_isend_irecv) stays its ops: each is matched with its peer
+            batch.setdefault(e.pg, []).append(len(out))
             out.append([e])
+            continue
+        if batch.get(e.pg) and _closes(e):
+            _close_p2p(out, batch.pop(e.pg), e)
             continue
         i = last.get(e.pg)
         if i is not None and (out[i][0].p2p, out[i][0].seq) == (e.p2p, e.seq):
@@ -159,6 +164,25 @@ def fold_coalesced(entries: list[FREntry]) -> list[FREntry]:
             last[e.pg] = len(out)
             out.append([e])
     return [g[0] if len(g) == 1 else _fold(g) for g in out]
+
+
+def _closes(e: FREntry) -> bool:
+    return e.op.split(":")[-1].split(" ")[0] == "coalesced"
+
+
+def _close_p2p(out: list, parts: list, closer: FREntry) -> None:
+    """A batch of sends/recvs closed by a `coalesced` entry that NCCL records as no p2p (torch
+    2.11, NCCL 2.28 on an H100: is_p2p false, collective_seq_id 0, so taken for a collective it
+    was matched by that 0 with every other batch's closer). The batch ran as one NCCL operation:
+    its parts stay `scheduled` in the dump and only the closer records the state, completion and
+    duration; each part takes them, and the closer goes with the parts as a p2p entry
+    (analysis.frp2p skips closers)."""
+    for i in parts:
+        e = out[i][0]
+        if e.state == "scheduled" and closer.state != "scheduled":
+            out[i][0] = replace(e, state=closer.state, completed_ns=closer.completed_ns,
+                                duration_s=closer.duration_s)
+    out.append([replace(closer, p2p=True)])
 
 
 def _fold(group: list[FREntry]) -> FREntry:

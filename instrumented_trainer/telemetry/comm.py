@@ -21,6 +21,7 @@ resolved operations of the step just flushed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -61,9 +62,10 @@ class CommLog:
     step: int = 0
     timed: bool = False  # time operations even without a file (the live exporter reads them)
     _pending: list[_Pending] = field(default_factory=list)
-    _inflight: dict = field(default_factory=dict)  # id(key) -> (key or its weakref, _Pending), until waited
+    _inflight: dict = field(default_factory=dict)  # id(key) -> (key or its weakref, [_Pending]), until waited
     held: list = field(default_factory=list)  # ids of the Works held strongly until the tap's next op
     last_step: list[dict] = field(default_factory=list)  # resolved records of the last flush
+    _batch: list | None = None  # inside p2p_batch(): the operations launched without a Work of their own
 
     def __post_init__(self) -> None:
         self._writer = JsonlWriter(self.path, "comm log") if self.path else None
@@ -78,10 +80,53 @@ class CommLog:
             out = launch()
         if pending is not None:
             key = key_of(out)
-            self._inflight[_identity(key)] = (key, pending)
-            if not isinstance(key, torch.Tensor):
-                self.held.append(_identity(key))
+            if key is None:  # no Work of its own: NCCL hands back one for a coalesced batch
+                if self._batch is not None:
+                    self._batch.append(pending)
+                else:
+                    self._unknown([pending])
+            else:
+                self._hold(key, [pending])
         return out
+
+    def _hold(self, key, pendings: list) -> None:
+        self._inflight[_identity(key)] = (key, pendings)
+        if not isinstance(key, torch.Tensor):
+            self.held.append(_identity(key))
+
+    def _unknown(self, pendings: list) -> None:
+        """Logged with unknown duration: their wait is not one the tap can see."""
+        for p in pendings:
+            p.record["duration"], p.exposed, p.unwaited = None, None, True
+            self._pending.append(p)
+
+    @contextlib.contextmanager
+    def p2p_batch(self):
+        """Around a batch of sends and receives (pipelining's `_batch_p2p`): on NCCL,
+        batch_isend_irecv coalesces them, each op is given no Work and the batch one Work for
+        all. Call `bind(works)` with what the batch returned: the operations that had no Work
+        are timed by it (one Work: all of them; as many Works as operations: in order); any
+        left over are logged with unknown duration."""
+        outer, self._batch = self._batch, []
+        batch = self._batch
+
+        def bind(works) -> None:
+            works = list(works) if isinstance(works, (list, tuple)) else [works]
+            free = [w for w in works if w is not None and _identity(w) not in self._inflight]
+            if batch and len(free) == 1:
+                self._hold(free[0], list(batch))
+            elif batch and len(free) == len(batch):
+                for w, p in zip(free, batch):
+                    self._hold(w, [p])
+            else:
+                self._unknown(batch)
+            batch.clear()
+        try:
+            yield bind
+        finally:
+            self._batch = outer
+            if batch:
+                self._unknown(batch)
 
     def let_go(self) -> None:
         """Hold the Works launched so far weakly (the tap calls it at the next op it sees). A Work
@@ -102,8 +147,7 @@ class CommLog:
         def gone(_ref) -> None:
             entry = self._inflight.pop(key_id, None)
             if entry is not None:
-                entry[1].record["duration"], entry[1].exposed, entry[1].unwaited = None, None, True
-                self._pending.append(entry[1])
+                self._unknown(entry[1])
         return gone
 
     def wait(self, key, wait=None):
@@ -111,10 +155,12 @@ class CommLog:
         `wait()` (default: key.wait()), close its timing if it was launched through `launched`,
         and return what `wait()` returned."""
         entry = self._inflight.pop(_identity(key), None)
-        pending = entry[1] if entry is not None else None
-        self._begin_wait(pending)
+        pendings = entry[1] if entry is not None else ()
+        for p in pendings:
+            self._begin_wait(p)
         result = (wait or key.wait)()
-        self._close(pending)
+        for p in pendings:
+            self._close(p)
         return result
 
     def _open(self, op, axis, ranks, nbytes):
@@ -181,12 +227,9 @@ class CommLog:
     def _drop_unwaited(self, final: bool = False) -> None:
         """Operations launched before the previous flush and never waited through the tap (FSDP2
         waits on its own): logged with unknown duration rather than kept forever."""
-        for key_id, (key, p) in list(self._inflight.items()):
-            if final or p.record["step"] < self.step:
-                p.record["duration"] = None
-                p.exposed = None
-                p.unwaited = True
-                self._pending.append(p)
+        for key_id, (_key, pendings) in list(self._inflight.items()):
+            if final or pendings[0].record["step"] < self.step:
+                self._unknown(pendings)
                 del self._inflight[key_id]
 
     def close(self) -> None:

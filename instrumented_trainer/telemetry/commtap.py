@@ -12,8 +12,9 @@ collectives first and the tap sees those, as torch's own CommDebugMode does.
 
 Waits: a functional collective's is its `wait_tensor`, seen here. A `Work` is waited in Python;
 ours call `CommLog.wait`, and pipelining's (`schedules._wait_batch_p2p`, a private function of
-torch 2.13) is wrapped by `time_pipeline_waits` so a pipeline stage's time blocked on its
-neighbours is measured. If that function is missing on another torch, one warning: the
+torch 2.11-2.13) is wrapped by `time_pipeline_waits` so a pipeline stage's time blocked on its
+neighbours is measured. On NCCL a batch of sends and receives is coalesced: each op dispatched
+gets no Work, the batch one; `schedules._batch_p2p` is wrapped so that Work times the batch's ops. If that function is missing on another torch, one warning: the
 transfers are still logged, their durations unknown.
 """
 
@@ -132,11 +133,23 @@ def time_pipeline_waits(comm) -> None:
         return
 
     def wait_batch_p2p(work):
-        for w in work:
+        for w in (work if isinstance(work, (list, tuple)) else [work]):
             comm.wait(w)
 
     wait_batch_p2p._diag_timed = True
     schedules._wait_batch_p2p = wait_batch_p2p
+
+    batch = getattr(schedules, "_batch_p2p", None)
+    if batch is None:
+        return
+
+    def batch_p2p(*args, **kwargs):
+        with comm.p2p_batch() as bind:
+            works = batch(*args, **kwargs)
+            bind(works)
+        return works
+
+    schedules._batch_p2p = batch_p2p
 
 
 @contextlib.contextmanager

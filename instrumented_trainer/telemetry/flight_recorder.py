@@ -69,8 +69,7 @@ class FlightRecorder:
         with guard("flight recorder dump"), self._lock:
             import torch  # noqa: PLC0415 - imported where training already runs
 
-            data = torch._C._distributed_c10d._dump_fr_trace_json(True, False)
-            data = with_reason(data if isinstance(data, bytes) else data.encode(), why, self.entries, self.source)
+            data = with_reason(_buffer_json(torch._C._distributed_c10d), why, self.entries, self.source)
             os.makedirs(self.folder, exist_ok=True)     # here, under the guard: an unwritable --out only warns
             rank = os.environ.get("RANK", "0")
             path = os.path.join(self.folder, f"rank-{rank}.json")
@@ -108,6 +107,22 @@ class FlightRecorder:
                 elif sig == signal.SIGTERM:      # stopped: dump, then end as a SIGTERM would (a shell's
                     self.dump("SIGTERM")         # 128 + 15); only the main thread may reset a handler
                     os._exit(128 + signal.SIGTERM)
+
+
+def _buffer_json(c10d) -> bytes:
+    """The recorder's buffer as JSON. A CUDA build keeps NCCL's collectives in a recorder of their
+    own (`_dump_nccl_trace_json`; torch 2.11 on an H100: `_dump_fr_trace_json` gave an empty dump
+    for an NCCL job), the generic one holds gloo's: NCCL's when it recorded anything, else the
+    generic one."""
+    def dump(fn) -> bytes:
+        data = fn(True, False)
+        return data if isinstance(data, bytes) else data.encode()
+    nccl = getattr(c10d, "_dump_nccl_trace_json", None)
+    if nccl is not None:
+        data = dump(nccl)
+        if b'"entries"' in data:
+            return data
+    return dump(c10d._dump_fr_trace_json)
 
 
 def with_reason(data: bytes, why: str, entries: int, source: str) -> bytes:

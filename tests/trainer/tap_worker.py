@@ -48,6 +48,18 @@ def main(out: str) -> None:
             comm.wait(dist.all_reduce(x, async_op=True))    # waited through the tap
             del x
             torch.zeros(1)
+    # NCCL coalesces a batch of sends and receives: each op dispatched gets no Work, the batch one
+    # (gloo cannot coalesce, so the Work-less ops are made so here): both timed by the batch's Work;
+    # a Work-less op outside any batch has no wait to time it by, so no duration.
+    with comm.p2p_batch() as bind:
+        for op in ("send", "recv"):
+            comm.launched(op, "pp", [0], 16, lambda: dist.all_reduce(torch.ones(4), async_op=True),
+                          lambda _out: None)
+        batch_work = dist.all_reduce(torch.ones(4), async_op=True)
+        bind([batch_work])
+    comm.wait(batch_work)
+    comm.launched("broadcast", "pp", [0], 16, lambda: dist.broadcast(torch.ones(4), 0, async_op=True),
+                  lambda _out: None)
     comm.close()
     records = [json.loads(line) for line in open(os.path.join(out, "comm.jsonl"))]
     with open(os.path.join(out, "rank-0.json"), "w") as f:

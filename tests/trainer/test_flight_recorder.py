@@ -187,3 +187,23 @@ def test_a_dump_records_why_and_when_and_still_reads_as_torchs(tmp_path):
     assert d.reason == "SIGUSR1" and d.taken_ns == got["diag_dump"]["time_ns"]
     assert with_reason(b'{}', "end", 1, "default").startswith(b'{"diag_dump": {')
     json.loads(with_reason(b'{}', "end", 1, "default"))
+
+
+def test_an_nccl_job_dumps_nccls_own_recorder():
+    """A CUDA build keeps NCCL's collectives in a recorder of its own: on an H100 (torch 2.11) the
+    generic dump of an NCCL job was empty ('entries' absent), NCCL's held every collective
+    (sample_traces/h100_*/flightrec). NCCL's is taken when it recorded anything, else the generic
+    one (gloo's; the CPU build has no NCCL recorder at all)."""
+    from types import SimpleNamespace
+
+    from instrumented_trainer.telemetry.flight_recorder import _buffer_json
+
+    nccl = b'{"version": "2.10", "entries": [{"profiling_name": "nccl:all_reduce"}]}'
+    empty = b'{"version": "2.10", "pg_config": {}}'
+    gloo = '{"version": "2.10", "entries": [{"profiling_name": "gloo:all_reduce"}]}'
+    both = SimpleNamespace(_dump_nccl_trace_json=lambda c, a: nccl, _dump_fr_trace_json=lambda c, a: empty)
+    assert _buffer_json(both) == nccl
+    unused = SimpleNamespace(_dump_nccl_trace_json=lambda c, a: empty, _dump_fr_trace_json=lambda c, a: gloo)
+    assert _buffer_json(unused) == gloo.encode()
+    cpu_build = SimpleNamespace(_dump_fr_trace_json=lambda c, a: gloo)
+    assert _buffer_json(cpu_build) == gloo.encode()

@@ -166,3 +166,6 @@ def test_comm_log_does_not_keep_collectives_waited_elsewhere(tmp_path):
     by_op = {r["op"]: r for r in rec["records"]}
     assert by_op["all_gather"]["duration"] is None and by_op["all_gather"]["bytes"] == 4 * (1 << 20)
     assert by_op["all_reduce"]["duration"] is not None and by_op["all_reduce"]["duration"] > 0
+    # a coalesced batch (NCCL): its ops timed by the batch's Work; a Work-less op alone: unknown
+    assert by_op["send"]["duration"] > 0 and by_op["recv"]["duration"] > 0
+    assert by_op["broadcast"]["duration"] is None
