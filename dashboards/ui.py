@@ -86,8 +86,8 @@ def _uploaded_run(s: Settings, inputs) -> Optional[LoadedRun]:
     return open_run(held, UPLOAD_LABEL, root=Path(held), inputs=inputs) if held else None
 
 
-def _picked() -> None:
-    st.query_params["run"] = st.session_state["run_pick"]
+def _picked(key: str) -> None:
+    st.query_params["run"] = st.session_state[key]
 
 
 def sidebar_run() -> Optional[LoadedRun]:
@@ -96,12 +96,14 @@ def sidebar_run() -> Optional[LoadedRun]:
     _drop_ended_sessions_uploads()
     runs = list_runs(s.root)
     name = st.query_params.get("run") or st.session_state.get("run_name") or s.run or (runs[0] if runs else "")
-    if name in runs and st.session_state.get("run_pick") != name:
-        st.session_state["run_pick"] = name       # the picker shows the run the page shows, on every page
-    elif "run_pick" not in st.session_state:
-        st.session_state["run_pick"] = None
+    # The picker shows the run the page shows, on every page. It is a new widget for each run (its
+    # key names the run) made with that run's index: a value pushed into one widget through
+    # session_state could lose a race with the browser's own, which then showed the first run
+    # (seen under load in tests/test_dashboard_browser.py).
+    key = f"run_pick:{name}"
     st.sidebar.caption(f"Runs under {md(s.root)}")
-    st.sidebar.selectbox("Run", runs, key="run_pick", on_change=_picked, placeholder="pick a run")
+    st.sidebar.selectbox("Run", runs, index=runs.index(name) if name in runs else None, key=key,
+                         on_change=_picked, args=(key,), placeholder="pick a run")
     inputs = sidebar_inputs(s.root)
     uploaded = _uploaded_run(s, inputs)
     if uploaded:

@@ -301,3 +301,18 @@ def test_a_dangling_link_beside_a_run_is_no_traceback(tmp_path, monkeypatch):
     assert len(run.diagnosis.ranks) == 2
     at = app(root, monkeypatch, run="run")
     assert not at.exception and not at.error and at.metric
+
+
+def test_the_sidebar_picker_shows_and_changes_the_run(root, monkeypatch):
+    """The picker is one widget per run, made with that run's index (ui.sidebar_run): it shows the
+    run the page shows, and picking another opens that one, on this page and the next."""
+    at = app(root, monkeypatch)
+    (picker,) = [s for s in at.sidebar.selectbox if s.label == "Run"]
+    assert picker.value == "tp2_pp2_dp2" and "pp2_m2" in picker.options
+    picker.set_value("pp2_m2").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.query_params["run"] in ("pp2_m2", ["pp2_m2"])
+    assert any(c.value == "Open: " + md("pp2_m2") for c in at.sidebar.caption)
+    at.switch_page("views/communication.py").run()
+    (picker,) = [s for s in at.sidebar.selectbox if s.label == "Run"]
+    assert picker.value == "pp2_m2" and any(c.value == "Open: " + md("pp2_m2") for c in at.sidebar.caption)
