@@ -147,7 +147,7 @@ def train(job: JobConfig) -> list[float]:
     heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
     tapped = tel.comm_log or tel.profile or bool(tel.prometheus_port)
     stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
-    window = cpu_memory_window(job, runtime)
+    window, held = memory_window(job, runtime), {}
     with sampler, ProfilerSession(tel, rank, runtime.cuda,
                                   persistent=lambda: memory.persistent_bytes(s.params, s.optimizer)
                                   ) as profiler, \
@@ -161,7 +161,13 @@ def train(job: JobConfig) -> list[float]:
             if runtime.cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            steps.record(step, loss, seconds, peak_memory(runtime), pending=step in window)
+            local = local_peak_memory(runtime)
+            if step in window:           # reduced once the window closes: no collective in it
+                if local is not None:
+                    held[step] = local
+                steps.record(step, loss, seconds, None, pending=True)
+            else:
+                steps.record(step, loss, seconds, step_peak_memory(local, step, runtime))
             comm.flush()
             if live is not None:
                 with guard("prometheus metrics"):
@@ -169,7 +175,8 @@ def train(job: JobConfig) -> list[float]:
             heartbeat.hold()             # a trace export may outlast --dist-timeout: not a stall
             profiler.step()
             if window and step == window[-1]:  # the window's trace is out: its steps' peaks
-                steps.resolve(memory.reduce_peaks(profiler.step_peaks, list(window)))
+                held = held if runtime.cuda else profiler.step_peaks
+                steps.resolve(memory.reduce_peaks(held, list(window), runtime.device))
                 if live is not None and steps.peak is not None:
                     live.set_peak_memory(steps.peak)
         heartbeat.done()
@@ -184,31 +191,42 @@ def train(job: JobConfig) -> list[float]:
     return steps.losses
 
 
-def cpu_memory_window(job: JobConfig, runtime: Runtime) -> range:
-    """The steps whose peak memory a CPU run measures: the profiler's active steps but the first
-    (whose counter misses what the step before it left alive: telemetry.memory), if the run
-    reaches the window's end, where the peaks are reduced over the ranks; else none."""
+def memory_window(job: JobConfig, runtime: Runtime) -> range:
+    """The steps whose peak memory is MAX-reduced over the ranks once, after the profiler's window
+    closes, so that no telemetry collective lies inside a traced step (a trace of this trainer
+    would show it as communication on the world group, and on a busy GPU as a long one). On CUDA
+    every profiled step (the allocator's peak is exact); on CPU the profiled steps but the first,
+    whose counter misses what the step before it left alive (telemetry.memory). Empty if the
+    run does not reach the window's end: CUDA then reduces each step's peak after the step, and
+    CPU measures none."""
     tel = job.telemetry
     first = tel.profile_wait + tel.profile_warmup
-    window = range(first + 1, first + tel.profile_active)
-    if runtime.cuda or not tel.profile or not window or window[-1] >= job.train.train_iters:
+    window = range(first + (0 if runtime.cuda else 1), first + tel.profile_active)
+    if not tel.profile or not window or window[-1] >= job.train.train_iters:
         return range(0)
     return window
 
 
-def peak_memory(runtime: Runtime) -> int | None:
-    """The largest CUDA allocator peak of any rank in the step just ended, then reset (one MAX
-    all-reduce, outside the timed step); None if it fails (a warning, not a zero). None on CPU:
-    there the profiled steps' peaks come from the profiler (telemetry.memory) when its window
-    closes."""
+def local_peak_memory(runtime: Runtime) -> int | None:
+    """This rank's CUDA allocator peak in the step just ended, then reset; None on CPU (there
+    the profiled steps' peaks come from the profiler when its window closes: telemetry.memory)
+    or if reading it fails (a warning, not a zero)."""
     if not runtime.cuda:
         return None
     with guard("peak memory"):
-        peak = torch.tensor([torch.cuda.max_memory_allocated()], device=runtime.device)
+        peak = torch.cuda.max_memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return int(peak.item())
+        return int(peak)
     return None
+
+
+def step_peak_memory(local: int | None, step: int, runtime: Runtime) -> int | None:
+    """The largest peak of any rank in this step: one MAX all-reduce after the step, outside
+    the timed step, on CUDA (every rank calls it, even one whose reading failed); None on CPU."""
+    if not runtime.cuda:
+        return None
+    return memory.reduce_peaks(None if local is None else {step: local}, [step],
+                               runtime.device)[step]
 
 
 def _peak_flops(tel, runtime: Runtime) -> float | None:

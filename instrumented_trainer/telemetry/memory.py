@@ -19,8 +19,8 @@ the window and alive through it, besides the parameters and optimizer states (pi
 receive buffers made in the first step, process-group state), are not counted: the figure is
 exact for what it counts, and the docs say what that is.
 
-Each rank measures its own; the trainer MAX-reduces them over all ranks, as the GPU path does
-with the CUDA allocator's peaks. Any failure is a warning and an unknown (null), never a zero.
+Each rank measures its own; the trainer MAX-reduces them over all ranks once the window closes,
+as the GPU path does with the CUDA allocator's peaks of the profiled steps (`reduce_peaks`). Any failure is a warning and an unknown (null), never a zero.
 """
 
 from __future__ import annotations
@@ -87,15 +87,17 @@ def step_peaks(prof, baseline: int) -> dict[int, int]:
     return peaks
 
 
-def reduce_peaks(local: dict[int, int] | None, steps: list[int]) -> dict[int, int | None]:
+def reduce_peaks(local: dict[int, int] | None, steps: list[int],
+                 device: torch.device | None = None) -> dict[int, int | None]:
     """The largest peak of any rank per step (a collective: every rank calls it at the same
-    step, with None where it measured nothing); a step any rank could not measure is None."""
+    step, with None where it measured nothing); a step any rank could not measure is None.
+    `device`: where the backend reduces (the rank's GPU under NCCL; CPU by default)."""
     result: dict[int, int | None] = dict.fromkeys(steps)
     with guard("peak memory"):
         local = local or {}
         values = [local.get(s, -1) for s in steps]
         # MAX of v gives the peak; MAX of -v is positive iff some rank had none (v = -1)
-        t = torch.tensor(values + [-v for v in values], dtype=torch.int64)
+        t = torch.tensor(values + [-v for v in values], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         n = len(steps)
         for k, step in enumerate(steps):

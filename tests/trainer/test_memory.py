@@ -217,3 +217,26 @@ def test_a_failing_measurement_is_one_warning_and_no_peaks(tmp_path, capsys):
     assert prof.step_peaks is None and prof.exported
     assert safe.failures["peak memory"] == 1
     assert capsys.readouterr().err.count("warning: telemetry 'peak memory'") == 1
+
+
+@pytest.mark.parametrize("device, expected", [("cuda", [2, 3, 4]), ("cpu", [3, 4])])
+def test_the_profiled_steps_peaks_are_reduced_after_the_window(device, expected):
+    """No telemetry collective lies inside a traced step: the peaks of the profiled steps (all of
+    them on CUDA, whose allocator peak is exact; on CPU all but the first) are MAX-reduced once,
+    after the window closes. A CUDA run used to all-reduce each step's peak before the profiler's
+    step ended, which its traces showed as a world-group all-reduce (on the H100 samples ~180 ms
+    a step, waiting on the other ranks sharing the GPU). A run that ends before the window does
+    reduce nothing at the window: CUDA then reduces each step after it, CPU measures none."""
+    import torch
+
+    from instrumented_trainer.cli import build_parser, job_from_args
+    from instrumented_trainer.train import Runtime, memory_window
+
+    runtime = Runtime(torch.device(device), torch.float32, "fp32",
+                      "nccl" if device == "cuda" else "gloo")
+    job = job_from_args(build_parser().parse_args([*TINY, *MEASURE]), 2, [])
+    assert list(memory_window(job, runtime)) == expected
+    short = job_from_args(build_parser().parse_args([*TINY, *MEASURE, "--train-iters", "4"]), 2, [])
+    assert list(memory_window(short, runtime)) == []
+    off = job_from_args(build_parser().parse_args([*TINY, *MEASURE, "--no-profile"]), 2, [])
+    assert list(memory_window(off, runtime)) == []
