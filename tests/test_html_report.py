@@ -123,7 +123,7 @@ def test_many_steps_make_a_bounded_report(tmp_path):
 
 
 def test_recommendations_keep_checks_assumptions_and_say_upper_bound(tmp_path):
-    """DLRM's straggler recommendation is an upper bound (the others' whole wait removed): the
+    """DLRM's straggler recommendation is an upper bound (the others' wait for it removed): the
     report says so, and keeps each check and assumption; long commands wrap (pre-wrap)."""
     from diag.runinputs import open_run
 

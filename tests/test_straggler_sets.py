@@ -150,6 +150,36 @@ def test_a_single_late_rank_is_still_one_rank(tmp_path, tp, dp, late):
     assert_rule_fires(d, f"rank {late}", 10 * DELAY)
 
 
+def test_the_wait_passed_on_to_another_group_is_the_late_ranks(tmp_path):
+    """TP=2 x DP=2, rank 1 late by DELAY every step: in TP rank 0 waits for it; in DP rank 3
+    waits for it, and rank 2 waits for rank 0, which is late only for having waited for rank 1
+    (it passed the delay on). Each of ranks 0, 2 and 3 waits DELAY a step, all of it rank 1's."""
+    d = run(tmp_path, Config(tp=2, dp=2, num_micro_batches=2, bucket_bytes=1e8), Links(tp=200e9, dp=50e9),
+            5, {1: DELAY})
+    s = collective_straggler(d)
+    assert s.ranks == [1]
+    assert wait_finding(d, [1]).seconds_per_step == pytest.approx(DELAY, abs=WAIT_TOL)
+    assert s.others_wait_s == pytest.approx(4 * DELAY, abs=4 * WAIT_TOL)        # 4 analysed steps
+
+
+def test_waiting_for_another_late_rank_is_not_the_stragglers(tmp_path):
+    """TP=2 x DP=2: rank 1 late by 10 x DELAY and rank 2 by DELAY, every step. In TP rank 0
+    waits 10 DELAY for rank 1 and rank 3 DELAY for rank 2; in DP rank 2 waits 9 DELAY for rank 0
+    (passed on from rank 1) and rank 3 9 DELAY for rank 1. The straggler is rank 1, and what the
+    others lost waiting for it is (10 + 9 + 9) / 3 DELAY a step: rank 3's DELAY in TP was rank
+    2's. (The mean of the others' whole wait, what the report used to show, is 29 / 3.) The
+    finding and the straggler line carry the same figure."""
+    d = run(tmp_path, Config(tp=2, dp=2, num_micro_batches=2, bucket_bytes=1e8), Links(tp=200e9, dp=50e9),
+            5, {1: 10 * DELAY, 2: DELAY})
+    s = collective_straggler(d)
+    assert s.ranks == [1]
+    f = wait_finding(d, [1])
+    assert f.seconds_per_step == pytest.approx(28 / 3 * DELAY, abs=WAIT_TOL)
+    assert f"the other ranks waited {s.others_wait_s * 1e3:,.2f} ms each for it, " \
+           f"{f.seconds_per_step * 1e3:,.2f} ms per step" in s.evidence
+    assert_rule_fires(d, "rank 1", 28 / 3 * DELAY)
+
+
 def test_the_rule_fires_when_waiting_is_the_top_loss_even_under_its_threshold(tmp_path):
     """A wait of 1% of the step is under STRAGGLER_MIN (5%), but when it is the biggest loss the
     report leads with it, so the advice must say who to look at, not "nothing worth changing"."""

@@ -422,7 +422,9 @@ def straggler(ctx: Context) -> list[Recommendation]:
                         confidence="low", checks=_straggler_checks(ctx, s),
                         why="collectives finish when the last rank arrives; the others' wait is time the job "
                             f"loses to {'one rank' if one else 'these ranks'}",
-                        assumptions=["upper bound: the others' whole wait removed"], runnable=False,
+                        assumptions=[f"upper bound: the others' wait for {s.who} removed (in the collectives "
+                                     "it held back, directly or through a peer it kept waiting); the next "
+                                     "latest rank may then hold them back"], runnable=False,
                         upper_bound=after is not None)
     return out
 

@@ -16,12 +16,6 @@ def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int]:
     return (float(np.median(times)) if times else None), steps
 
 
-def _others_wait(comm: CommAnalysis, late: list[int]) -> Optional[float]:
-    """Mean wait of the ranks outside the late set (whole window); None where none was measured."""
-    waits = [r.wait_s for r in comm.ranks if r.rank not in late and r.wait_s is not None]
-    return sum(waits) / len(waits) if waits else None
-
-
 def _rest_of_exposed(ranks: list[RankResult], comm: CommAnalysis, n: int, add) -> None:
     """The ranks' mean exposed communication (the breakdown's, over every communication event)
     less what the axes' rows hold (their matched collectives), so the communication rows add up
@@ -70,9 +64,8 @@ def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Find
                 f"{a.comm_s / n * 1e3:,.2f} ms of communication {unit}, {hidden}", FindingKind.COMM, small_too=True)
         _rest_of_exposed(ranks, comm, n, add)
         for s in comm.stragglers:
-            waited = _others_wait(comm, s.ranks)
-            if s.basis == StragglerBasis.COLLECTIVES and waited is not None:
-                add(f"waiting for {s.who}", waited / n, s.evidence + " (this wait is part of the communication "
-                    "time above)", FindingKind.STRAGGLER, s.ranks)
+            if s.basis == StragglerBasis.COLLECTIVES and s.others_wait_s is not None:
+                add(f"waiting for {s.who}", s.others_wait_s / n, s.evidence + " (this wait is part of the "
+                    "communication time above)", FindingKind.STRAGGLER, s.ranks)
     out.sort(key=lambda f: -f.seconds_per_step)
     return out

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.8"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers
+SCHEMA_VERSION = "1.9"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s
 
 
 @dataclass
@@ -227,6 +227,9 @@ class Straggler:
     # basis "collectives": [rank, ts_us, dur_us] of the members' arrivals at the collectives they
     # delayed, on each member's own trace clock (the file's ts, us): the largest delays, up to 200
     arrivals: list = field(default_factory=list)
+    # basis "collectives": what the ranks outside the set lost waiting for it, mean per rank over
+    # the window (s); "Where the time goes" shows it per step. None for basis "steps"
+    others_wait_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         self.ranks = self.ranks or [self.rank]

@@ -70,13 +70,19 @@ def _group_medians(key: np.ndarray, value: np.ndarray, groups: int) -> np.ndarra
 
 
 def _credits(comms: list[RankComms], matched: list[Matched]):
-    """Per matched collective, the rank that made the others wait, for how long, and where its
-    instance is: (rank, delay ns, index into comms, instance index).
+    """(credits, roots).
 
-    The last to arrive is credited unless it was itself late because it had waited more
-    earlier in the step (for a pipeline neighbour or another collective) than the ranks now
-    waiting for it: then it only passed a delay on. Pipeline send/recv are the schedule,
-    not lateness, and are never credited.
+    credits: per matched collective, the rank that made the others wait, for how long, and where
+    its instance is: (rank, delay ns, index into comms, instance index). The last to arrive is
+    credited unless it was itself late because it had waited more earlier in the step (for a
+    pipeline neighbour or another collective) than the ranks now waiting for it: then it only
+    passed a delay on. Pipeline send/recv are the schedule, not lateness, and are never credited.
+
+    roots: per collective whose wait has a cause, (the rank at the root of it, ((waiting rank,
+    its wait ns), ...)). A credited collective's root is its last arriver; one that passed a
+    delay on has the root of the collective its last arriver waited in longest earlier in the
+    step (a rank late for TP makes its TP peer late for DP: the DP wait is the late rank's too);
+    a chain that reaches a pipeline wait, or a wait nobody is credited with, has none.
     """
     cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii")}
     for ri, (rc, m) in enumerate(zip(comms, matched)):
@@ -89,7 +95,7 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         cols["ri"].append(np.full(sel.size, ri, np.int64))
         cols["ii"].append(sel)
     if not any(c.size for c in cols["mid"]):
-        return []
+        return [], []
     mid, rank, wait, last, before, ri, ii = (np.concatenate(cols[k]) for k in
                                              ("mid", "rank", "wait", "last", "before", "ri", "ii"))
     n = int(mid.max()) + 1
@@ -101,13 +107,80 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
     has_others = np.bincount(mid[~last], minlength=n) > 0
     delay = _group_medians(mid[~last], wait[~last], n)
     others_before = _group_medians(mid[~last], before[~last], n)
+    waiting = np.flatnonzero(~last)
+    waiting = waiting[np.argsort(mid[waiting], kind="stable")]      # the waiting entries by match
+    waiting_mid = mid[waiting]
+    cause: dict = {}             # match -> (last arriver's entry, passed on)
     credits = []
     for a in np.flatnonzero((first_last >= 0) & has_others).tolist():
         i = first_last[a]
-        passed_on = before[i] - others_before[a] >= 0.5 * delay[a]
-        if delay[a] >= MIN_DELAY_NS and not passed_on:
+        if delay[a] < MIN_DELAY_NS:
+            continue
+        passed_on = bool(before[i] - others_before[a] >= 0.5 * delay[a])
+        cause[a] = (i, passed_on)
+        if not passed_on:
             credits.append((int(rank[i]), float(delay[a]), int(ri[i]), int(ii[i])))
-    return credits
+    earlier = _LongestEarlierWait(comms, matched)
+    root: dict = {}
+
+    def root_of(a: int) -> Optional[int]:
+        chain = []
+        while a in cause and a not in root and a not in chain:
+            chain.append(a)
+            i, passed_on = cause[a]
+            if not passed_on:
+                root[a] = int(rank[i])
+                break
+            a = earlier.match(int(ri[i]), int(ii[i]))
+        found = root.get(a)
+        for b in chain:
+            root[b] = found
+        return found
+
+    roots = []
+    for a in cause:
+        r = root_of(a)
+        if r is not None:
+            w = waiting[np.searchsorted(waiting_mid, a):np.searchsorted(waiting_mid, a, side="right")]
+            roots.append((r, tuple(zip(rank[w].tolist(), wait[w].astype(float).tolist()))))
+    return credits, roots
+
+
+class _LongestEarlierWait:
+    """The match in which a rank waited longest earlier in an instance's step (-1: none over
+    MIN_DELAY_NS), on that rank's own order of instances."""
+
+    def __init__(self, comms: list[RankComms], matched: list[Matched]) -> None:
+        self.comms, self.matched, self.orders = comms, matched, {}
+
+    def match(self, ri: int, ii: int) -> int:
+        rc, m = self.comms[ri], self.matched[ri]
+        if ri not in self.orders:
+            order = np.lexsort((rc.start_ns, rc.step))
+            pos = np.empty_like(order)
+            pos[order] = np.arange(order.size)
+            self.orders[ri] = order, pos, rc.step[order]
+        order, pos, steps = self.orders[ri]
+        lo = int(np.searchsorted(steps, rc.step[ii], side="left"))
+        before = order[lo:pos[ii]]
+        if not before.size:
+            return -1
+        j = before[int(np.argmax(m.wait_ns[before]))]
+        return int(m.match_id[j]) if m.wait_ns[j] >= MIN_DELAY_NS else -1
+
+
+def others_wait_s(roots: list, members: list[int], ranks: list[int]) -> Optional[float]:
+    """What the ranks outside the set lost waiting for it, mean per rank over the window
+    (seconds): their waits in the collectives whose root is a member (`_credits`), summed, over
+    the number of ranks outside the set: about what the step would shorten by if the set were on
+    time. A rank outside every group with a member waited nothing for it; members waiting for
+    each other (ranks taking turns) are not counted. None when every rank is in the set."""
+    outside = [r for r in ranks if r not in members]
+    if not outside:
+        return None
+    inside = set(members)
+    waited = sum(w for r0, waits in roots if r0 in inside for r, w in waits if r not in inside)
+    return waited * 1e-9 / len(outside)
 
 
 def _tally(credits: list) -> tuple[dict, dict]:
@@ -196,27 +269,28 @@ def _shape(members: list[int], hosts: dict[int, str]) -> tuple[StragglerKind, st
     return StragglerKind.TURNS, who, "take turns arriving last at collectives" + on, None
 
 
-def _evidence(members: list[int], count: dict, caused: dict, credits: int, steps: int) -> str:
-    waited = sum(caused[r] for r in members)
-    per_step = f", {waited * 1e-6 / steps:,.2f} ms per step" if steps else ""
+def _evidence(members: list[int], count: dict, caused: dict, credits: int, steps: int,
+              others_s: Optional[float]) -> str:
     floor = f"{credits} collectives that waited {MIN_DELAY_NS // 1000} us or more for a rank"
+    them = "it" if len(members) == 1 else "them"
+    waited = "" if others_s is None else (
+        f"; the other ranks waited {others_s * 1e3:,.2f} ms each for {them}"
+        + (f", {others_s * 1e3 / steps:,.2f} ms per step" if steps else ""))
     if len(members) == 1:
-        return (f"last to arrive, and not for waiting itself, in {count[members[0]]} of {floor}; "
-                f"the others waited {waited * 1e-6:,.2f} ms in all{per_step}")
+        return f"last to arrive, and not for waiting itself, in {count[members[0]]} of {floor}{waited}"
     each = [count[r] for r in members]
     split = (", ".join(f"rank {r}: {count[r]}" for r in members) if len(members) <= 4
              else f"{min(each)} each" if min(each) == max(each) else f"{min(each)} to {max(each)} each")
-    share = waited / sum(caused.values())
-    return (f"between them last to arrive, and not for waiting itself, in {sum(each)} of {floor} ({split}); "
-            f"those collectives waited {waited * 1e-6:,.2f} ms in all{per_step} (each its waiting ranks' median "
-            "wait), "
-            f"{100 * share:.0f}% of all the waiting for a late rank")
+    share = sum(caused[r] for r in members) / sum(caused.values())
+    return (f"between them last to arrive, and not for waiting itself, in {sum(each)} of {floor} ({split}), "
+            f"{100 * share:.0f}% of the delay credited to a late rank (each collective's waiting ranks' "
+            f"median wait){waited}")
 
 
 def collective_stragglers(comms: list[RankComms], matched: list[Matched], steps: int,
                           hosts: Optional[dict] = None) -> list[Straggler]:
     """The set of ranks the others wait for at collectives ([] or one Straggler); hosts: rank -> host."""
-    credits = _credits(comms, matched)
+    credits, roots = _credits(comms, matched)
     if not credits:
         return []
     count, caused = _tally(credits)
@@ -224,9 +298,11 @@ def collective_stragglers(comms: list[RankComms], matched: list[Matched], steps:
     if not members:
         return []
     kind, who, reason, node = _shape(members, hosts or {})
+    others_s = others_wait_s(roots, members, [rc.rank for rc in comms])
     return [Straggler(rank=max(members, key=lambda r: caused[r]), reason=reason,
-                      evidence=_evidence(members, count, caused, len(credits), steps),
-                      ranks=members, kind=kind, who=who, node=node, arrivals=_arrivals(comms, credits, members))]
+                      evidence=_evidence(members, count, caused, len(credits), steps, others_s),
+                      ranks=members, kind=kind, who=who, node=node, arrivals=_arrivals(comms, credits, members),
+                      others_wait_s=others_s)]
 
 
 def _arrivals(comms: list[RankComms], credits: list, members: list[int]) -> list[list]:

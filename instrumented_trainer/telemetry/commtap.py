@@ -14,8 +14,9 @@ Waits: a functional collective's is its `wait_tensor`, seen here. A `Work` is wa
 ours call `CommLog.wait`, and pipelining's (`schedules._wait_batch_p2p`, a private function of
 torch 2.11-2.13) is wrapped by `time_pipeline_waits` so a pipeline stage's time blocked on its
 neighbours is measured. On NCCL a batch of sends and receives is coalesced: each op dispatched
-gets no Work, the batch one; `schedules._batch_p2p` is wrapped so that Work times the batch's ops. If that function is missing on another torch, one warning: the
-transfers are still logged, their durations unknown.
+gets no Work, the batch one; `schedules._batch_p2p` is wrapped so that Work times the batch's
+ops. If `_wait_batch_p2p` is missing on another torch, one warning: the transfers are still
+logged, their durations unknown.
 """
 
 from __future__ import annotations
