@@ -281,6 +281,27 @@ def test_thousands_of_entries_per_rank_are_seconds_and_find_the_late_rank():
     assert dp.instances == 2 * 10_000 and dp.transfer_median_s == pytest.approx(1e-3)
 
 
+def test_buckets_waited_for_together_count_once_in_the_late_rate():
+    """DP over 2 ranks, no durations (gloo): in each 100 ms step rank 1 enters four gradient
+    buckets' all-reduces at 0, 1, 2 and 3 ms, rank 0 at 80-83 ms. Rank 1 waits 80 ms in each,
+    but for 83 ms of the step, not 320: 830 ms per s of run (the sum was 3,200, more than the
+    one other rank's whole second)."""
+    dumps = []
+    for r in (0, 1):
+        d = FRDump(f"rank_{r}", r, "2.10", {"dp0": ("mesh_dp", [0, 1])})
+        for step in range(40):
+            for b in range(4):
+                created = T0 + step * 100_000_000 + (80 if r == 0 else 0) * 1_000_000 + b * 1_000_000
+                d.entries.append(FREntry(pg="dp0", desc="mesh_dp", seq=4 * step + b + 1, p2p=False,
+                                         op="gloo:all_reduce", coll=Coll.ALL_REDUCE, in_nelems=MIB,
+                                         out_nelems=MIB, dtype_bytes=4, state="completed", created_ns=created,
+                                         completed_ns=None, duration_s=None))
+        dumps.append(d)
+    fr = analyse_dumps(dumps)
+    assert [x.rank for x in fr.late] == [0]
+    assert 0.9 * 830 <= fr.late[0].waited_after_ms_per_s <= 1000
+
+
 def test_torch_typed_lists_in_a_pickle_are_plain_lists_and_torch_is_not_imported(tmp_path):
     """torch's C++ pickler writes a c10::List<int64_t> as GLOBAL torch.jit._pickle build_intlist over
     a list: read as that list by diag's own builder; any other global is still refused."""

@@ -173,6 +173,29 @@ def test_a_transfer_takes_the_name_and_size_of_the_op_that_issued_it(tmp_path):
                                                                   ("reduce_scatter", 8192 * 4)]
 
 
+def test_buckets_in_flight_together_wait_for_a_late_rank_once(tmp_path):
+    """DP over 2 ranks, gloo: rank 1 posts three gradient buckets' all-reduces at 100, 110 and
+    120 on three worker threads; rank 0, late, runs them at 600-650, 650-700 and 700-750. Each
+    of rank 1's transfers lasts until its pair is done (650, 700, 750), so their waits are 500,
+    540 and 580 (duration less the shortest member's 50), 1,620 in all: more than the 1,000 us
+    step. Rank 1 was waiting for rank 0 from 100 to 700: 600, the union of [start, start + wait].
+    The finding "waiting for rank 0" is that (it was the sum, 162% of the step)."""
+    ranks = [gloo_rank(r, 2, {}) for r in (0, 1)]
+    for k in range(3):
+        transfer(ranks[0], "all_reduce", 600 + 50 * k, 50, [4096])
+        transfer(ranks[1], "all_reduce", 100 + 10 * k, 550 + 40 * k, [4096], tid=WORKER + k)
+    for b in ranks:
+        write(b, tmp_path)
+    d = diagnose(load_job(str(tmp_path)))
+    waits = sorted(r.wait_s for r in d.comm.ranks)
+    assert waits == [pytest.approx(0.0), pytest.approx((500 + 540 + 580) * US)]   # instance waits, summed
+    (s,) = [x for x in d.comm.stragglers if x.ranks == [0]]
+    want = length([(100 + 10 * k, 100 + 10 * k + 500 + 40 * k) for k in range(3)]) * US     # 600
+    assert s.others_wait_s == pytest.approx(want)
+    (f,) = [f for f in d.findings if f.what == "waiting for rank 0"]
+    assert f.seconds_per_step == pytest.approx(want) and f.seconds_per_step <= d.throughput.step_time_s
+
+
 # -- process groups of worker threads -------------------------------------------------------------
 def mesh_rank(rank: int, tp_elems: int, dp_elems: int, split: bool, fsdp: bool) -> TraceBuilder:
     """4 ranks, DeviceMesh (dp, tp) = (2, 2): tp {0,1} {2,3}, dp {0,2} {1,3}. DTensor's two

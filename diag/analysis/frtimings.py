@@ -10,8 +10,11 @@ said so, never zero.
 Lateness: in each instance, how long after the first member each member entered it. From
 durations where every member has one (the late member's is the shortest: no clocks involved);
 else from the entry times, which assumes the hosts' clocks agree (ranks of one host do; NTP'd
-hosts to about a millisecond). Summed per rank over windows of the buffer's time, as the others'
-wait per second of run, a rank that became late after N steps shows where it started.
+hosts to about a millisecond). The last to enter is credited with each other member's wait for
+it, from that member's entry; a member's waits for one rank in collectives in flight at once
+(gloo's async gradient buckets) count once, as the time they cover. Summed per rank over windows
+of the buffer's time, as the others' wait per second of run, a rank that became late after N
+steps shows where it started.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from ..trace.flightrec import FRDump, FREntry
+from . import intervals as iv
 from .bandwidth import busbw
 from .frresults import FRLate, FROpTiming
 from .hang import entry_bytes, op_word
@@ -113,15 +117,21 @@ def late_ranks(found: list) -> tuple[list[FRLate], str, Optional[str], Optional[
     width_s = (t1 - t0) / WINDOWS / 1e9
     if width_s <= 0:
         return [], "", "the buffer spans no time", None
-    win = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, WINDOWS - 1)
-    waited: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(WINDOWS))
+    spans: dict = defaultdict(list)     # (late rank, waiting rank) -> [(start, end) ns]
     timed = 0
-    for (pg, entries, members), w in zip(found, win):
+    for pg, entries, members in found:
         off, from_dur = _offsets_ns(entries)
         timed += from_dur
         last = int(np.argmax(off))
-        if off[last] > 0:   # the others waited for the last to enter: credit it with their wait
-            waited[members[last]][w] += float(off[last] * (len(members) - 1)) / 1e6
+        for j, e in enumerate(entries):     # the others waited for the last to enter: its wait
+            if j != last and off[last] > off[j]:
+                spans[(members[last], members[j])].append((e.created_ns, e.created_ns + int(off[last] - off[j])))
+    lo, hi = edges[:-1].astype(np.int64), edges[1:].astype(np.int64)
+    hi[-1] = max(int(hi[-1]), max((b for pairs in spans.values() for _, b in pairs), default=0))
+    waited: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(WINDOWS))
+    for (late, _), pairs in spans.items():   # collectives in flight at once wait together: time, not a sum
+        a = np.array(pairs, dtype=np.int64)
+        waited[late] += iv.lengths_in_windows(iv.merge(a[:, 0], a[:, 1]), lo, hi) / 1e6
     basis = ("entry into each collective after its group's first member, " +
              ("from durations (no clocks)" if timed == len(found) else
               "from the hosts' entry times (assumes their clocks agree)") +

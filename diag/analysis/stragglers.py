@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 from ..trace.kinds import Coll
+from . import intervals as iv
 from .collectives import RankComms
 from .matching import Matched
 from .results import RankResult, Straggler, StragglerBasis, StragglerKind
@@ -79,12 +80,12 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
     passed a delay on. Pipeline send/recv are the schedule, not lateness, and are never credited.
 
     roots: per collective whose wait has a cause, (the rank at the root of it, ((waiting rank,
-    its wait ns), ...)). A credited collective's root is its last arriver; one that passed a
+    its instance's start ns on its own clock, its wait ns), ...)). A credited collective's root is its last arriver; one that passed a
     delay on has the root of the collective its last arriver waited in longest earlier in the
     step (a rank late for TP makes its TP peer late for DP: the DP wait is the late rank's too);
     a chain that reaches a pipeline wait, or a wait nobody is credited with, has none.
     """
-    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii")}
+    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii", "start")}
     for ri, (rc, m) in enumerate(zip(comms, matched)):
         sel = np.flatnonzero((m.match_id >= 0) & ~np.isin(rc.coll, P2P))
         cols["mid"].append(m.match_id[sel])
@@ -94,10 +95,11 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         cols["before"].append(_waited_before(rc, m)[sel])
         cols["ri"].append(np.full(sel.size, ri, np.int64))
         cols["ii"].append(sel)
+        cols["start"].append(rc.start_ns[sel])
     if not any(c.size for c in cols["mid"]):
         return [], []
-    mid, rank, wait, last, before, ri, ii = (np.concatenate(cols[k]) for k in
-                                             ("mid", "rank", "wait", "last", "before", "ri", "ii"))
+    mid, rank, wait, last, before, ri, ii, start = (np.concatenate(cols[k]) for k in
+                                                    ("mid", "rank", "wait", "last", "before", "ri", "ii", "start"))
     n = int(mid.max()) + 1
     # the (first) last-arriver of each match, and the medians of the others
     lasts = np.flatnonzero(last)
@@ -142,7 +144,7 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         r = root_of(a)
         if r is not None:
             w = waiting[np.searchsorted(waiting_mid, a):np.searchsorted(waiting_mid, a, side="right")]
-            roots.append((r, tuple(zip(rank[w].tolist(), wait[w].astype(float).tolist()))))
+            roots.append((r, tuple(zip(rank[w].tolist(), start[w].tolist(), wait[w].tolist()))))
     return credits, roots
 
 
@@ -171,7 +173,9 @@ class _LongestEarlierWait:
 
 def others_wait_s(roots: list, members: list[int], ranks: list[int]) -> Optional[float]:
     """What the ranks outside the set lost waiting for it, mean per rank over the window
-    (seconds): their waits in the collectives whose root is a member (`_credits`), summed, over
+    (seconds): each one's waits in the collectives whose root is a member (`_credits`), as time
+    (the union of [start, start + wait] of its instances: collectives in flight at once, gloo's
+    async DP buckets for one, wait for the late rank together), summed over them and divided by
     the number of ranks outside the set: about what the step would shorten by if the set were on
     time. A rank outside every group with a member waited nothing for it; members waiting for
     each other (ranks taking turns) are not counted. None when every rank is in the set."""
@@ -179,7 +183,16 @@ def others_wait_s(roots: list, members: list[int], ranks: list[int]) -> Optional
     if not outside:
         return None
     inside = set(members)
-    waited = sum(w for r0, waits in roots if r0 in inside for r, w in waits if r not in inside)
+    spans: dict = {}
+    for r0, waits in roots:
+        if r0 in inside:
+            for r, t, w in waits:
+                if r not in inside and w > 0:
+                    spans.setdefault(r, []).append((t, t + w))
+    waited = 0
+    for pairs in spans.values():
+        a = np.array(pairs, dtype=np.int64)
+        waited += iv.length(iv.merge(a[:, 0], a[:, 1]))
     return waited * 1e-9 / len(outside)
 
 
