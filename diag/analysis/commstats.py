@@ -159,8 +159,20 @@ def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisO
     return out
 
 
+def _waited_s(rc: RankComms, m: Matched) -> Optional[float]:
+    """The time a rank spent waiting for the last of its matches, over the window: the union of
+    [start, start + wait] of its instances (collectives in flight at once, gloo's async DP
+    buckets for one, wait for the late rank together: their waits are not added up); None when
+    none of its instances was matched (unmeasured)."""
+    if not (m.match_id >= 0).any():
+        return None
+    waiting = np.flatnonzero(m.wait_ns > 0)
+    start = rc.start_ns[waiting].astype(np.int64)
+    return iv.length(iv.merge(start, start + m.wait_ns[waiting].astype(np.int64))) * NS
+
+
 def rank_comm(comms: list[RankComms], matched: list[Matched]) -> list[RankComm]:
     return [RankComm(rank=rc.rank, comm_s=float(rc.dur_ns.sum()) * NS, exposed_s=float(rc.exposed_ns.sum()) * NS,
-                     wait_s=_wait_s(m.wait_ns, m.match_id, 1), matched=int((m.match_id >= 0).sum()),
+                     wait_s=_waited_s(rc, m), matched=int((m.match_id >= 0).sum()),
                      arrived_last=int(m.last.sum()))
             for rc, m in zip(comms, matched)]
