@@ -2,6 +2,7 @@
 handler folders, several runs under one root. Real traces (tests/data) copied into those layouts."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -67,6 +68,26 @@ def test_an_incomplete_latest_dump_is_skipped_for_the_latest_complete(tmp_path):
     found = find(str(tmp_path))
     assert found.directory.endswith("iteration_20")
     assert "latest complete of 3 iterations: 10, 20, 30; iteration_30 skipped: 1 of 4 ranks" in found.notes[0]
+
+
+def test_a_cycle_cut_short_at_the_end_is_skipped_for_the_latest_whole_one(tmp_path):
+    """torch.profiler stopped while recording (the run ended mid-cycle) writes what it had: every
+    rank's trace of a step barely begun, a few KB beside the others' MB. It is skipped and said,
+    and --iteration still reads it."""
+    torchtitan_dump(tmp_path, iterations=(10, 20))
+    cut = tmp_path / "profile_traces" / "iteration_30"
+    cut.mkdir()
+    for r in range(4):
+        (cut / f"rank{r}_trace.json").write_text(json.dumps({
+            "distributedInfo": {"backend": "nccl", "rank": r, "world_size": 4},
+            "traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#30", "pid": 1,
+                             "tid": 1, "ts": 1000.0, "dur": 84.0}]}))
+    found = find(str(tmp_path))
+    assert found.directory.endswith("iteration_20")
+    whole = sum(os.path.getsize(f) for f in rank_files(DLRM4))
+    assert ("iteration_30 skipped: 1 KB of traces against "
+            f"{whole / 1e6:,.1f} MB for the others' median: a profiler cycle cut short") in found.notes[0]
+    assert find(str(tmp_path), iteration=30).directory.endswith("iteration_30")
 
 
 def test_job_root_with_configs_and_logs_finds_the_traces_below(tmp_path):

@@ -38,6 +38,7 @@ SKIP_FOLDERS = {"node_modules", "__pycache__", "site-packages"}
 ITERATION = re.compile(r"iteration_(\d+)")
 PEEK_BYTES = 4096                     # enough for a trace's first keys
 HEAD_BYTES = 64 << 10                 # distributedInfo precedes the events; pg_config can be long
+PARTIAL_SHARE = 0.2                   # an iteration under a fifth of the bytes of the run's others: cut short
 MAX_NON_TRACES = 64                   # a folder whose first 64 *.json are no traces holds data, not ranks
 # Keys a Kineto / Chrome trace opens with; a config or a metrics log has none of them.
 _TRACE_KEYS = re.compile(rb'"(?:schemaVersion|traceEvents|deviceProperties|distributedInfo)"\s*:|"ph"\s*:')
@@ -218,10 +219,41 @@ def _pick(root: str, candidates: list[_Candidate], iteration: Optional[int]) -> 
     return picked, why
 
 
+def _bytes(c: _Candidate) -> int:
+    total = 0
+    for p in c.traces or c.summaries:
+        try:
+            total += os.path.getsize(p)
+        except OSError:
+            pass
+    return total
+
+
+def _cut_short(members: list[_Candidate]) -> dict[int, tuple[int, float]]:
+    """{id(iteration folder): (its bytes, the median of the others')} of the run's iterations that
+    hold under PARTIAL_SHARE of the bytes of its other complete iterations: torch.profiler stopped
+    in a recording phase (the run ended mid-cycle, as torchtitan's often does) writes what it had,
+    a trace of a step barely begun."""
+    its = [c for c in members if c.iteration is not None and c.complete]
+    if len(its) < 2:
+        return {}
+    size = {id(c): _bytes(c) for c in its}
+    out = {}
+    for c in its:
+        others = sorted(size[id(o)] for o in its if o is not c)
+        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
+                                                                   + others[len(others) // 2]) / 2
+        if size[id(c)] < PARTIAL_SHARE * median:
+            out[id(c)] = (size[id(c)], median)
+    return out
+
+
 def _latest(members: list[_Candidate]) -> _Candidate:
     """A run's folder to analyse: its latest complete iteration (a dump cut short by a crash
-    is incomplete), else its latest; a run that is one folder, that folder."""
-    return max(members, key=lambda c: (c.complete, c.iteration or 0, c.mtime))
+    is incomplete) that is not a cycle cut short (`_cut_short`), else its latest; a run that is
+    one folder, that folder."""
+    short = _cut_short(members)
+    return max(members, key=lambda c: (c.complete, id(c) not in short, c.iteration or 0, c.mtime))
 
 
 def _completeness(c: _Candidate) -> str:
@@ -237,8 +269,20 @@ def _iteration_reason(picked: _Candidate, members: list[_Candidate]) -> str:
         return f"the only iteration; {_completeness(picked)}"
     later = sorted((c for c in members if c.iteration is not None and c.iteration > picked.iteration),
                    key=lambda c: c.iteration)
-    skipped = "".join(f"; iteration_{c.iteration} skipped: {_completeness(c)}" for c in later)
+    short = _cut_short(members)
+
+    def why(c: _Candidate) -> str:
+        if id(c) in short:
+            mine, median = short[id(c)]
+            return (f"{_kb(mine)} of traces against {_kb(median)} for the others' median: a profiler cycle "
+                    "cut short when the profiler stopped")
+        return _completeness(c)
+    skipped = "".join(f"; iteration_{c.iteration} skipped: {why(c)}" for c in later)
     return f"latest{' complete' if later else ''} of {len(its)} iterations: {listed}{skipped}; --iteration N for another"
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.0f} KB"
 
 
 def _named_iteration(root: str, candidates: list[_Candidate], iteration: int) -> tuple[_Candidate, str]:
