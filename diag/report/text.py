@@ -25,7 +25,8 @@ from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, KERNEL_HEADER, OP
 
 def _table(title: str, header: list[str]) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              title_style="bold", padding=(0, 1), collapse_padding=True)
+              title_style="bold", padding=(0, 1), collapse_padding=True,
+              min_width=len(title))     # a narrow table does not wrap its title
     for i, h in enumerate(header):
         t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
     return t
