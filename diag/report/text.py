@@ -27,8 +27,8 @@ def _table(title: str, header: list[str]) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
               title_style="bold", padding=(0, 1), collapse_padding=True,
               min_width=len(title))     # a narrow table does not wrap its title
-    for i, h in enumerate(header):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+    for i, h in enumerate(header):      # at the width, the names wrap, never a number is cut
+        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=i > 0, overflow="fold" if i == 0 else "ellipsis")
     return t
 
 
