@@ -101,6 +101,17 @@ def test_real_straggler_trace():
     assert not any(r.rule == "micro_batch" for r in d.recommendations)   # idle explained by the straggler
 
 
+def test_a_wait_of_a_whole_step_predicts_no_step():
+    """A straggler's wait no shorter than the step (a step time from other steps than the wait's)
+    leaves no step to predict: no step after, never a negative one (dp2_no_overlap's summed waits
+    once gave 201.4 -> -45.0 ms)."""
+    d = with_advice(diagnose(load_job("tests/data/dlrm_4_ranks_alltoall")))
+    wait = next(f for f in d.findings if f.what == "waiting for rank 2")
+    d.throughput.step_time_s = wait.seconds_per_step
+    rec = next(r for r in advise(d).recommendations if r.rule == "straggler")
+    assert rec.step_s_after is None and not rec.upper_bound
+
+
 def test_sample_trace_recommendations_and_no_model_without_metadata():
     d = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap")))
     over = next(r for r in d.recommendations if r.rule == "dp_overlap")

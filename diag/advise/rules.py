@@ -413,6 +413,8 @@ def straggler(ctx: Context) -> list[Recommendation]:
             e = [ev(f"others' wait for {s.who}", wait.seconds_per_step * 1e3,
                     STRAGGLER_MIN * (ctx.step_s or 0) * 1e3, "ms/step", "Where the time goes; straggler line")]
             after = ctx.step_s - wait.seconds_per_step if ctx.step_s else None
+            if after is not None and after <= 0:    # a wait of a whole step or more: no step left to predict
+                after = None
         else:
             r = next((x for x in ctx.d.ranks if x.rank == s.rank), None)
             e = [ev(f"step time of rank {s.rank}", (r.step_time_s or 0) * 1e3 if r else 0.0, 0.0, "ms", s.evidence)]
