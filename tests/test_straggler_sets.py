@@ -162,6 +162,21 @@ def test_the_wait_passed_on_to_another_group_is_the_late_ranks(tmp_path):
     assert s.others_wait_s == pytest.approx(4 * DELAY, abs=4 * WAIT_TOL)        # 4 analysed steps
 
 
+def test_a_late_stage_holds_up_the_next_stage_at_its_receives(tmp_path):
+    """TP=2 x PP=2, rank 1 (stage 0) late by DELAY every step: its TP peer waits DELAY in TP, and
+    stage 1 receives its first micro-batch DELAY late, so every other rank loses DELAY a step.
+    Counted: rank 0's TP wait and rank 3's receive from rank 1 (a late rank's own send, up to
+    its delay at collectives); rank 2's receive from rank 0 is not (its wait also holds the
+    pipeline's fill, so rank 0 is not seen passing a delay on): 2/3 of DELAY, where the TP
+    wait alone was 1/3. Never more than the delay: a chained wait counts up to the root's."""
+    d = run(tmp_path, Config(tp=2, pp=2, num_micro_batches=2), Links(tp=200e9, pp=50e9), 5, {1: DELAY})
+    s = collective_straggler(d)
+    assert s.ranks == [1]
+    per_step = wait_finding(d, [1]).seconds_per_step
+    assert DELAY / 3 + WAIT_TOL < per_step <= DELAY + WAIT_TOL
+    assert per_step == pytest.approx(2 / 3 * DELAY, abs=WAIT_TOL)
+
+
 def test_waiting_for_another_late_rank_is_not_the_stragglers(tmp_path):
     """TP=2 x DP=2: rank 1 late by 10 x DELAY and rank 2 by DELAY, every step. In TP rank 0
     waits 10 DELAY for rank 1 and rank 3 DELAY for rank 2; in DP rank 2 waits 9 DELAY for rank 0

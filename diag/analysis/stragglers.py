@@ -79,15 +79,22 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
     pipeline neighbour or another collective) than the ranks now waiting for it: then it only
     passed a delay on. Pipeline send/recv are the schedule, not lateness, and are never credited.
 
-    roots: per collective whose wait has a cause, (the rank at the root of it, ((waiting rank,
-    its instance's start ns on its own clock, its wait ns), ...)). A credited collective's root is its last arriver; one that passed a
-    delay on has the root of the collective its last arriver waited in longest earlier in the
-    step (a rank late for TP makes its TP peer late for DP: the DP wait is the late rank's too);
-    a chain that reaches a pipeline wait, or a wait nobody is credited with, has none.
+    roots: per matched collective or pipeline send/recv whose wait has a cause, (the rank at the
+    root of it, ((waiting rank, when its wait for the root began, ns on its own clock, that
+    wait, ns), ...)). The root is the last arriver, unless it passed a delay on: then the root
+    of the match it waited in longest earlier in the step, and a wait counts up to the delay
+    passed on (the root's delay, or less where a link of the chain was shorter): the rest of a
+    long wait is the waiting rank's own (a pipeline bubble). A late rank's own pipeline send
+    counts up to the longest delay it caused at a collective in that step (its receiver's wait
+    also holds the bubble). A rank late for TP makes its TP peer late for DP, so
+    that DP wait is the late rank's too; a stage late for having waited for it sends late, so
+    its neighbour stage's wait at the receive is the late rank's too (with the neighbour's
+    bubble, which a trace cannot tell apart). A chain that reaches a wait nobody caused has none.
     """
-    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii", "start")}
+    cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii", "start", "p2p")}
     for ri, (rc, m) in enumerate(zip(comms, matched)):
-        sel = np.flatnonzero((m.match_id >= 0) & ~np.isin(rc.coll, P2P))
+        sel = np.flatnonzero(m.match_id >= 0)
+        cols["p2p"].append(np.isin(rc.coll[sel], P2P))
         cols["mid"].append(m.match_id[sel])
         cols["rank"].append(np.full(sel.size, rc.rank, np.int64))
         cols["wait"].append(m.wait_ns[sel])
@@ -98,8 +105,8 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         cols["start"].append(rc.start_ns[sel])
     if not any(c.size for c in cols["mid"]):
         return [], []
-    mid, rank, wait, last, before, ri, ii, start = (np.concatenate(cols[k]) for k in
-                                                    ("mid", "rank", "wait", "last", "before", "ri", "ii", "start"))
+    mid, rank, wait, last, before, ri, ii, start, p2p = (
+        np.concatenate(cols[k]) for k in ("mid", "rank", "wait", "last", "before", "ri", "ii", "start", "p2p"))
     n = int(mid.max()) + 1
     # the (first) last-arriver of each match, and the medians of the others
     lasts = np.flatnonzero(last)
@@ -120,31 +127,41 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
             continue
         passed_on = bool(before[i] - others_before[a] >= 0.5 * delay[a])
         cause[a] = (i, passed_on)
-        if not passed_on:
+        if not passed_on and not p2p[i]:      # a pipeline transfer is the schedule: never credited
             credits.append((int(rank[i]), float(delay[a]), int(ri[i]), int(ii[i])))
     earlier = _LongestEarlierWait(comms, matched)
-    root: dict = {}
+    late_by: dict = {}           # (rank, step) -> the longest delay it was credited with at a collective
+    for r, d, i_r, i_i in credits:
+        key = (r, int(comms[i_r].step[i_i]))
+        late_by[key] = max(late_by.get(key, 0.0), d)
+    root: dict = {}              # match -> (root rank, the delay it carries, ns) or None
 
-    def root_of(a: int) -> Optional[int]:
+    def root_of(a: int) -> Optional[tuple[int, float]]:
         chain = []
         while a in cause and a not in root and a not in chain:
             chain.append(a)
             i, passed_on = cause[a]
-            if not passed_on:
-                root[a] = int(rank[i])
+            if not passed_on:                # a late sender's own transfer: as late as at its collectives
+                cap = late_by.get((int(rank[i]), int(comms[ri[i]].step[ii[i]])), 0.0) if p2p[i] else np.inf
+                root[a] = (int(rank[i]), min(float(delay[a]), cap))
                 break
             a = earlier.match(int(ri[i]), int(ii[i]))
         found = root.get(a)
-        for b in chain:
+        for b in reversed(chain):            # a delay passed on is at most the one it came from
+            if found is not None and b not in root:
+                found = (found[0], min(float(delay[b]), found[1]))
             root[b] = found
-        return found
+        return root.get(chain[0]) if chain else found
 
     roots = []
     for a in cause:
         r = root_of(a)
         if r is not None:
             w = waiting[np.searchsorted(waiting_mid, a):np.searchsorted(waiting_mid, a, side="right")]
-            roots.append((r, tuple(zip(rank[w].tolist(), start[w].tolist(), wait[w].tolist()))))
+            own = not cause[a][1] and not p2p[first_last[a]]    # the root's own collective: all of it
+            caused = (wait[w] if own else np.minimum(wait[w], r[1])).astype(np.int64)   # the late tail
+            roots.append((r[0], tuple(zip(rank[w].tolist(), (start[w] + wait[w] - caused).tolist(),
+                                          caused.tolist()))))
     return credits, roots
 
 
