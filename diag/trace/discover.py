@@ -208,10 +208,12 @@ def _pick(root: str, candidates: list[_Candidate], iteration: Optional[int]) -> 
     runs: dict[str, list[_Candidate]] = {}
     for c in candidates:
         runs.setdefault(c.run, []).append(c)
-    best = {run: _latest(members) for run, members in runs.items()}
+    short = {run: _cut_short(members) for run, members in runs.items()}   # each file's size read once
+    best = {run: _latest(members, short[run]) for run, members in runs.items()}
     run = max(best, key=lambda r: (best[r].complete, best[r].mtime, best[r].ranks, r))
     picked, members = best[run], runs[run]
-    why = _iteration_reason(picked, members) if picked.iteration is not None else _completeness(picked)
+    why = (_iteration_reason(picked, members, short[run]) if picked.iteration is not None
+           else _completeness(picked))
     if len(runs) > 1:
         others = ", ".join(sorted(r or "." for r in runs if r != run))
         why += (f"; the newest{' complete' if picked.complete else ''} of {len(runs)} folders with rank traces, "
@@ -248,11 +250,10 @@ def _cut_short(members: list[_Candidate]) -> dict[int, tuple[int, float]]:
     return out
 
 
-def _latest(members: list[_Candidate]) -> _Candidate:
+def _latest(members: list[_Candidate], short: dict) -> _Candidate:
     """A run's folder to analyse: its latest complete iteration (a dump cut short by a crash
-    is incomplete) that is not a cycle cut short (`_cut_short`), else its latest; a run that is
-    one folder, that folder."""
-    short = _cut_short(members)
+    is incomplete) that is not a cycle cut short (`short`: `_cut_short(members)`), else its
+    latest; a run that is one folder, that folder."""
     return max(members, key=lambda c: (c.complete, id(c) not in short, c.iteration or 0, c.mtime))
 
 
@@ -262,14 +263,13 @@ def _completeness(c: _Candidate) -> str:
     return f"{c.ranks} of {c.world} ranks" if not c.complete else f"all {c.world} ranks"
 
 
-def _iteration_reason(picked: _Candidate, members: list[_Candidate]) -> str:
+def _iteration_reason(picked: _Candidate, members: list[_Candidate], short: dict) -> str:
     its = sorted(c.iteration for c in members if c.iteration is not None)
     listed = ", ".join(map(str, its))
     if len(its) == 1:
         return f"the only iteration; {_completeness(picked)}"
     later = sorted((c for c in members if c.iteration is not None and c.iteration > picked.iteration),
                    key=lambda c: c.iteration)
-    short = _cut_short(members)
 
     def why(c: _Candidate) -> str:
         if id(c) in short:
@@ -278,7 +278,8 @@ def _iteration_reason(picked: _Candidate, members: list[_Candidate]) -> str:
                     "cut short when the profiler stopped")
         return _completeness(c)
     skipped = "".join(f"; iteration_{c.iteration} skipped: {why(c)}" for c in later)
-    return f"latest{' complete' if later else ''} of {len(its)} iterations: {listed}{skipped}; --iteration N for another"
+    return (f"latest{' complete' if later else ''} of {len(its)} iterations: {listed}{skipped}; "
+            "--iteration N for another")
 
 
 def _kb(n: float) -> str:
