@@ -43,9 +43,14 @@ SLOW_STEP = 1.10               # median step 10% above the median of the ranks
 KINETO_FILE = re.compile(r"^(.+)_\d+\.\d+\.pt\.trace\.json(?:\.gz)?$")
 
 
-def _waited_before(rc: RankComms, m: Matched) -> np.ndarray:
-    """Per instance: ns this rank already spent waiting earlier in the same step."""
-    order = np.lexsort((rc.start_ns, rc.step))
+def _step_order(rc: RankComms) -> np.ndarray:
+    """A rank's instances in the order it ran them: by step, then start."""
+    return np.lexsort((rc.start_ns, rc.step))
+
+
+def _waited_before(rc: RankComms, m: Matched, order: np.ndarray) -> np.ndarray:
+    """Per instance: ns this rank already spent waiting earlier in the same step (`order`:
+    `_step_order(rc)`)."""
     wait = m.wait_ns[order].astype(np.int64)
     run = np.cumsum(wait) - wait                                 # waited before, over all steps
     step = rc.step[order]
@@ -82,16 +87,15 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
     roots: per matched collective or pipeline send/recv whose wait has a cause, (the rank at the
     root of it, ((waiting rank, when its wait for the root began, ns on its own clock, that
     wait, ns), ...)). The root is the last arriver, unless it passed a delay on: then the root
-    of the match it waited in longest earlier in the step, and a wait counts up to the delay
-    passed on (the root's delay, or less where a link of the chain was shorter): the rest of a
-    long wait is the waiting rank's own (a pipeline bubble). A late rank's own pipeline send
-    counts up to the longest delay it caused at a collective in that step (its receiver's wait
-    also holds the bubble). A rank late for TP makes its TP peer late for DP, so
-    that DP wait is the late rank's too; a stage late for having waited for it sends late, so
-    its neighbour stage's wait at the receive is the late rank's too (with the neighbour's
-    bubble, which a trace cannot tell apart). A chain that reaches a wait nobody caused has none.
+    of the match it waited in longest earlier in the step. A rank late for TP makes its TP peer
+    late for DP, and late to send to the next stage: those waits are the late rank's too, each
+    up to the delay passed on (the root's, or less where a link of the chain was shorter); the
+    rest of a longer wait is the waiting rank's own (a pipeline's fill). A late rank's own
+    pipeline send counts up to the longest delay it caused at a collective in that step. A
+    chain that reaches a wait nobody caused has none.
     """
     cols = {k: [] for k in ("mid", "rank", "wait", "last", "before", "ri", "ii", "start", "p2p")}
+    orders = [_step_order(rc) for rc in comms]
     for ri, (rc, m) in enumerate(zip(comms, matched)):
         sel = np.flatnonzero(m.match_id >= 0)
         cols["p2p"].append(np.isin(rc.coll[sel], P2P))
@@ -99,7 +103,7 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         cols["rank"].append(np.full(sel.size, rc.rank, np.int64))
         cols["wait"].append(m.wait_ns[sel])
         cols["last"].append(m.last[sel])
-        cols["before"].append(_waited_before(rc, m)[sel])
+        cols["before"].append(_waited_before(rc, m, orders[ri])[sel])
         cols["ri"].append(np.full(sel.size, ri, np.int64))
         cols["ii"].append(sel)
         cols["start"].append(rc.start_ns[sel])
@@ -129,7 +133,7 @@ def _credits(comms: list[RankComms], matched: list[Matched]):
         cause[a] = (i, passed_on)
         if not passed_on and not p2p[i]:      # a pipeline transfer is the schedule: never credited
             credits.append((int(rank[i]), float(delay[a]), int(ri[i]), int(ii[i])))
-    earlier = _LongestEarlierWait(comms, matched)
+    earlier = _LongestEarlierWait(comms, matched, orders)
     late_by: dict = {}           # (rank, step) -> the longest delay it was credited with at a collective
     for r, d, i_r, i_i in credits:
         key = (r, int(comms[i_r].step[i_i]))
@@ -169,17 +173,16 @@ class _LongestEarlierWait:
     """The match in which a rank waited longest earlier in an instance's step (-1: none over
     MIN_DELAY_NS), on that rank's own order of instances."""
 
-    def __init__(self, comms: list[RankComms], matched: list[Matched]) -> None:
-        self.comms, self.matched, self.orders = comms, matched, {}
+    def __init__(self, comms: list[RankComms], matched: list[Matched], orders: list[np.ndarray]) -> None:
+        self.comms, self.matched, self.orders, self.index = comms, matched, orders, {}
 
     def match(self, ri: int, ii: int) -> int:
-        rc, m = self.comms[ri], self.matched[ri]
-        if ri not in self.orders:
-            order = np.lexsort((rc.start_ns, rc.step))
+        rc, m, order = self.comms[ri], self.matched[ri], self.orders[ri]
+        if ri not in self.index:           # each instance's place in the order, and the steps in it
             pos = np.empty_like(order)
             pos[order] = np.arange(order.size)
-            self.orders[ri] = order, pos, rc.step[order]
-        order, pos, steps = self.orders[ri]
+            self.index[ri] = pos, rc.step[order]
+        pos, steps = self.index[ri]
         lo = int(np.searchsorted(steps, rc.step[ii], side="left"))
         before = order[lo:pos[ii]]
         if not before.size:
@@ -190,7 +193,7 @@ class _LongestEarlierWait:
 
 def others_wait_s(roots: list, members: list[int], ranks: list[int]) -> Optional[float]:
     """What the ranks outside the set lost waiting for it, mean per rank over the window
-    (seconds): each one's waits in the collectives whose root is a member (`_credits`), as time
+    (seconds): each one's waits in the matches whose root is a member (`_credits`), as time
     (the union of [start, start + wait] of its instances: collectives in flight at once, gloo's
     async DP buckets for one, wait for the late rank together), summed over them and divided by
     the number of ranks outside the set: about what the step would shorten by if the set were on
