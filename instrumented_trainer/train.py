@@ -175,8 +175,8 @@ def train(job: JobConfig) -> list[float]:
             heartbeat.hold()             # a trace export may outlast --dist-timeout: not a stall
             profiler.step()
             if window and step == window[-1]:  # the window's trace is out: its steps' peaks
-                held = held if runtime.cuda else profiler.step_peaks
-                steps.resolve(memory.reduce_peaks(held, list(window), runtime.device))
+                peaks = held if runtime.cuda else profiler.step_peaks
+                steps.resolve(memory.reduce_peaks(peaks, list(window), runtime.device))
                 if live is not None and steps.peak is not None:
                     live.set_peak_memory(steps.peak)
         heartbeat.done()

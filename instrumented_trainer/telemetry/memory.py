@@ -20,7 +20,8 @@ receive buffers made in the first step, process-group state), are not counted: t
 exact for what it counts, and the docs say what that is.
 
 Each rank measures its own; the trainer MAX-reduces them over all ranks once the window closes,
-as the GPU path does with the CUDA allocator's peaks of the profiled steps (`reduce_peaks`). Any failure is a warning and an unknown (null), never a zero.
+as the GPU path does with the CUDA allocator's peaks of the profiled steps (`reduce_peaks`).
+Any failure is a warning and an unknown (null), never a zero.
 """
 
 from __future__ import annotations
