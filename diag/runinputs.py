@@ -41,7 +41,7 @@ class RunInputs:
     """What the user says about a run, beside its traces."""
 
     sizes: dict = field(default_factory=dict)      # tp, pp, cp, ep, dp_shard
-    shape: dict = field(default_factory=dict)      # SHAPE_FLAGS names, swiglu, pipeline_schedule
+    shape: dict = field(default_factory=dict)      # SHAPE_FLAGS names, swiglu, pipeline_schedule, ...
     config: Optional[str] = None                   # a Megatron-LM arguments file or a torchtitan TOML
     iteration: Optional[int] = None                # torchtitan's profile_traces/iteration_N to take
     strict: bool = False
@@ -208,6 +208,10 @@ def run_options(f):
                      help="A `diag bench` result to set each collective against (default: diag_bench.json "
                           "next to the traces)."),
         click.option("--swiglu/--no-swiglu", default=None, help="The MLP is SwiGLU (three matrices)."),
+        click.option("--gradient-as-bucket-view/--no-gradient-as-bucket-view", default=None,
+                     help="Replicated DP's gradients are views of its buckets (DDP's gradient_as_bucket_view=True, "
+                          "Megatron-LM's DDP), or not: its buckets are one more copy of them (DDP's default). For "
+                          "the memory model (default: diag_run.json or --config, else unknown and not counted)."),
         click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Device memory in GiB, to check that a recommendation fits (default: the device table)."),
         click.option("--pipeline-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv",
@@ -226,6 +230,7 @@ def run_options(f):
         sizes = {k: kw.pop(k) for k, _, _ in SIZE_FLAGS}
         shape = {k: kw.pop(k) for k, _ in SHAPE_FLAGS}
         shape["swiglu"], shape["pipeline_schedule"] = kw.pop("swiglu"), kw.pop("pipeline_schedule")
+        shape["gradient_as_bucket_view"] = kw.pop("gradient_as_bucket_view")
         gib = kw.pop("memory_per_gpu")
         shape["memory_per_gpu_bytes"] = int(gib * (1 << 30)) if gib else None
         kw["inputs"] = RunInputs(

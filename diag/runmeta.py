@@ -82,6 +82,7 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     virtual_pipeline_stages: Optional[Size] = None
     overlap_grad_reduce: Optional[bool] = None
     ddp_bucket_size: Optional[Count] = None
+    gradient_as_bucket_view: Optional[bool] = None            # torch DDP's: False = buckets beside the grads
     sequence_parallel: Optional[bool] = None
     use_distributed_optimizer: Optional[bool] = None          # ZeRO-1, as Megatron-LM
     data_parallel_sharding_strategy: Optional[Name] = None    # no_shard | optim | optim_grads | optim_grads_params

@@ -157,6 +157,39 @@ def test_zero_down_after_calibration_drops_the_zero3_buffers():
     assert replicated.total == pytest.approx(measured + 196_608)
 
 
+def test_dp_buckets_by_hand():
+    """Replicated DP's gradient buckets (docs/memory.md): where the sync keeps them beside the
+    gradients, one more copy of the rank's gradients, 212,992 parameters x 4 B (fp32) = 851,968 on
+    the trainer's job (DP 2); at ZeRO-1 too (the trainer's DP sync and DDP both keep them under a
+    sharded optimizer); none under ZeRO-2/3 (FSDP2 reduce-scatters the gradients themselves), at
+    DP 1 (no sync), or where the gradients are views of the buckets. GPT stage 0 at TP 2 x PP 2,
+    bf16: 353,501,184 parameters x 4 B (fp32 main gradients) = 1,414,004,736."""
+    kept = replace(TRAINER_JOB, bucket_copy=True)
+    e = rank_estimate(TRAINER, kept, 0)
+    assert e.dp_buckets == 851_968 and "DP buckets" in e.arithmetic()
+    assert e.total == rank_estimate(TRAINER, TRAINER_JOB, 0).total + 851_968 == 13_959_168
+    assert rank_estimate(TRAINER, replace(kept, zero=1), 0).dp_buckets == 851_968
+    assert [rank_estimate(TRAINER, replace(kept, **kw), 0).dp_buckets
+            for kw in ({"zero": 2}, {"zero": 3}, {"dp": 1}, {"bucket_copy": False})] == [0, 0, 0, 0]
+    assert rank_estimate(GPT, replace(TP2PP2, bucket_copy=True), 0).dp_buckets == 1_414_004_736
+
+
+def test_zero_down_with_the_buckets_calibrated_on_zero3():
+    """bench_tune's zero_down case: calibrated on a ZeRO-3 run (m = 2, gloo) of a trainer whose
+    replicated sync keeps its buckets, the replicated prediction is the earlier test's (measured +
+    196,608) plus the buckets, 851,968: measured + 1,048,576. Calibrated on the replicated run
+    instead, ZeRO-2 saves the sharded gradients and optimizer states, 212,992 x (4 + 8) / 2 =
+    1,277,952, and the buckets, 851,968: 2,129,920."""
+    z3 = replace(TRAINER_JOB, zero=3, num_micro_batches=2, backend="gloo", bucket_copy=True)
+    measured = 10_000_000.0
+    model = MemoryModel.calibrated(TRAINER, z3, measured)
+    assert model.peak(z3).total == pytest.approx(measured) and model.peak(z3).dp_buckets == 0
+    assert model.peak(replace(z3, zero=0)).total == pytest.approx(measured + 1_048_576)
+    replicated = replace(z3, zero=0)
+    model = MemoryModel.calibrated(TRAINER, replicated, measured)
+    assert measured - model.peak(replace(replicated, zero=2)).total == pytest.approx(2_129_920)
+
+
 def test_the_ladder_offers_zero_1_first_and_skips_selective_when_attention_is_fused():
     """Sharding rungs first, ZeRO-1 the first of them (--use-distributed-optimizer); selective
     recompute only when the attention may keep s x s scores; no sharding rung at dp 1."""
@@ -252,6 +285,30 @@ def test_a_change_that_does_not_fit_is_paired_with_zero_or_dropped(tmp_path):
     roomy = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 72 << 30}))
     (rec,) = [r for r in roomy.recommendations if r.rule == "tp_layout"]
     assert "ZeRO" not in rec.title and rec.memory_after_bytes == pytest.approx(unsharded, rel=1e-9)
+
+
+def test_the_buckets_go_with_what_the_run_says(tmp_path):
+    """The tp_layout candidate (TP 1 x DP 2) of the job above, on 72 GiB: where the run says its
+    replicated sync keeps the buckets (`gradient_as_bucket_view` false: the trainer's diag_run.json,
+    or the flag), the candidate's peak carries one more copy of the gradients, n1 x 4 B (fp32 main
+    gradients), and the notes say so; true (Megatron-LM's DDP) and unknown count none, unknown
+    saying what would tell."""
+    job = _synth(tmp_path)
+    h, f, V = 4096, 16384, 50304
+    n1 = 8 * (4 * h * h + 2 * h * f) + 2 * V * h
+
+    def advised(view):
+        d = with_advice(diagnose(job, shape={"memory_per_gpu_bytes": 72 << 30, "gradient_as_bucket_view": view}))
+        (rec,) = [r for r in d.recommendations if r.rule == "tp_layout"]
+        return rec.memory_after_bytes, d.advice_basis.calibration
+    kept, notes = advised(False)
+    assert kept == pytest.approx(_fit_by_hand(1, 0) + n1 * 4, rel=1e-9)
+    assert any(n.startswith("replicated DP's gradient buckets counted") for n in notes)
+    views, notes = advised(True)
+    assert views == pytest.approx(_fit_by_hand(1, 0), rel=1e-9)
+    unknown, notes = advised(None)
+    assert unknown == views
+    assert any("--[no-]gradient-as-bucket-view" in n for n in notes)
 
 
 def test_zero_makes_it_fit_when_dp_can_shard(tmp_path):

@@ -165,6 +165,8 @@ def test_megatron_launch_script(tmp_path):
     assert (c["hidden_size"], c["ffn_hidden_size"], c["num_query_groups"], c["swiglu"]) == (4096, 14336, 8, True)
     assert (c["seq_length"], c["vocab_size"], c["dtype"]) == (8192, 128256, "bf16")
     assert c["sequence_parallel"] and c["use_distributed_optimizer"]
+    # Megatron-LM's DDP: gradients are views of its grad buffer, no bucket copy (docs/memory.md)
+    assert c["gradient_as_bucket_view"] is True
     assert c["source"] == "Megatron-LM arguments train_llama3_8b.sh" and "notes" not in c
 
 

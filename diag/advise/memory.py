@@ -36,7 +36,14 @@ Per rank, in bytes (docs/memory.md works every term by hand):
   in the weights' dtype; on gloo one more block's, the flat buffer gloo's all-gather fills before
   copying out. When the stage runs more micro-batches than it holds in flight, the peak comes in a
   later backward, and torch's pipelining defers FSDP2's reduce-scatter to the step's end: every
-  parameter's unsharded gradient (fp32 main-gradient bytes) is held there.
+  parameter's unsharded gradient (fp32 main-gradient bytes) is held there;
+- replicated DP's gradient buckets (ZeRO 0-1, dp · cp > 1): torch's DDP with its default
+  `gradient_as_bucket_view=False` keeps a flat bucket per group of parameters beside their
+  gradients (torch/nn/parallel/distributed.py; reducer.cpp copies each gradient in, and the
+  all-reduced result back), one more copy of the gradients for the life of the model, and so does
+  the trainer's DP sync (its last step's buckets); Megatron-LM's DDP keeps none (the gradients are
+  views of its contiguous grad buffer, which the all-reduce works on), nor DDP with
+  `gradient_as_bucket_view=True`. Counted only when the run says which (facts.gradient_as_bucket_view).
 """
 from __future__ import annotations
 
@@ -58,6 +65,13 @@ ATTENTION_WORDS = {
     "eager": "attention eager (the trace's ops): its s x s scores counted (5·a·s/h)",
     None: "attention kind unknown (the trace names no attention op): its s x s scores counted (5·a·s/h), "
           "an upper bound if it is fused"}
+
+BUCKET_WORDS = {
+    False: "replicated DP's gradient buckets counted: its sync keeps them beside the gradients "
+           "(gradient_as_bucket_view false), one more copy of them",
+    True: "replicated DP's gradients are views of its buckets (gradient_as_bucket_view true): no copy counted",
+    None: "replicated DP's gradient buckets not counted: whether its sync keeps them beside the gradients is "
+          "unknown (torch DDP does by default, Megatron-LM's DDP does not): --[no-]gradient-as-bucket-view says"}
 
 
 def human(n: float) -> str:
@@ -94,6 +108,7 @@ class MemoryConfig:
     recompute: str = "none"
     dtype: str = "bf16"                 # bf16 (mixed precision, fp32 master) or fp32
     backend: str = "nccl"               # the DP collectives' backend (gloo: one more all-gather buffer)
+    bucket_copy: bool = False           # replicated DP's sync keeps its gradient buckets beside the gradients
 
     def __post_init__(self) -> None:
         if self.zero not in ZERO_STAGES or self.recompute not in RECOMPUTE:
@@ -112,16 +127,19 @@ class Estimate:
     other: float = 0.0                  # the calibration's residual: measured peak - modelled (any sign)
     words: list[str] = field(default_factory=list)
     sharding_buffers: float = 0.0       # ZeRO-3's gathered weights and deferred unsharded gradients
+    dp_buckets: float = 0.0             # replicated DP's gradient buckets, where its sync keeps a copy
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.sharding_buffers + self.activations + self.other
+        return (self.weights + self.grads + self.optimizer + self.sharding_buffers + self.dp_buckets
+                + self.activations + self.other)
 
     def arithmetic(self) -> str:
         """The sum, in GiB (MiB for small models), as a person would check it."""
         div, unit = (GiB, "GiB") if self.total >= GiB else (MiB, "MiB")
         other = f" {'+' if self.other >= 0 else '-'} other {abs(self.other) / div:.3g}" if self.other else ""
         fsdp = f" + ZeRO-3 buffers {self.sharding_buffers / div:.3g}" if self.sharding_buffers else ""
+        fsdp += f" + DP buckets {self.dp_buckets / div:.3g}" if self.dp_buckets else ""
         return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
                 f"{self.optimizer / div:.3g}{fsdp} + activations {self.activations / div:.3g} ({self.in_flight:g} "
                 f"micro-batch{'es' * (self.in_flight != 1)} in flight){other} "
@@ -161,6 +179,16 @@ def sharding_buffers(s: Shape, lay: MemoryConfig, stage: int) -> float:
     gathered = (end_params(s, lay, stage) + blocks * block_params(s)) / lay.tp * w
     deferred = params_on_stage(s, lay, stage) * g if lay.num_micro_batches > in_flight(lay, stage) else 0.0
     return gathered + deferred
+
+
+def dp_buckets(s: Shape, lay: MemoryConfig, stage: int) -> float:
+    """Replicated DP's gradient buckets, one more copy of the rank's gradients (unsharded, the
+    gradients' bytes), where its sync keeps them beside the gradients (`bucket_copy`: torch DDP's
+    default, the trainer's); 0 under ZeRO-2/3 (FSDP2 reduce-scatters the gradients themselves) or
+    with no other replica."""
+    if not lay.bucket_copy or lay.zero >= 2 or lay.dp * lay.cp <= 1:
+        return 0.0
+    return params_on_stage(s, lay, stage) * per_param_bytes(lay.dtype)[1]
 
 
 def scores_term(s: Shape, lay: MemoryConfig) -> float:
@@ -222,7 +250,8 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -
     act = (activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight + recompute_bytes(s, lay)
            + (stage == lay.pp - 1) * head_bytes(s, lay) * flight)
     return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
-                    in_flight=flight, other=other, sharding_buffers=sharding_buffers(s, lay, stage))
+                    in_flight=flight, other=other, sharding_buffers=sharding_buffers(s, lay, stage),
+                    dp_buckets=dp_buckets(s, lay, stage))
 
 
 STAGES_LISTED = 4096      # per-stage parts past it: the first stages and the last (a claimed PP of 2^23)
@@ -256,7 +285,7 @@ class MemoryModel:
         model.other = float(measured_peak) - e.total
         model.basis = (f"other {'+' if model.other >= 0 else '-'}{human(abs(model.other))}: the measured peak "
                        f"{human(measured_peak)} less the modelled {human(e.total)} (weights, gradients, optimizer "
-                       "states, ZeRO-3's buffers and activations), held in every prediction")
+                       "states, ZeRO-3's buffers, DP buckets and activations), held in every prediction")
         return model
 
     def parts(self, lay: MemoryConfig) -> list[MemoryParts]:
@@ -267,7 +296,7 @@ class MemoryModel:
             e = rank_estimate(self.shape, lay, st, self.other)
             out.append(MemoryParts(stage=st, weights=e.weights, grads=e.grads, optimizer=e.optimizer,
                                    activations=e.activations, other=e.other, total=e.total,
-                                   sharding_buffers=e.sharding_buffers))
+                                   sharding_buffers=e.sharding_buffers, dp_buckets=e.dp_buckets))
         return out
 
     def fitting(self, lay: MemoryConfig, capacity: float) -> Optional[MemoryConfig]:
@@ -375,7 +404,10 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        schedule="interleaved" if "interleaved" in sched else sched if sched in ("gpipe", "zb1p") else "1f1b",
                        virtual_stages=f.virtual_pipeline_stages or 1, sequence_parallel=bool(f.sequence_parallel),
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
-                       dtype="fp32" if f.dtype == "fp32" else "bf16", backend=collective_backend(d))
+                       dtype="fp32" if f.dtype == "fp32" else "bf16", backend=collective_backend(d),
+                       bucket_copy=f.gradient_as_bucket_view is False)
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
+    # any layout of more than one GPU may be given replicas by a lever (TP 2 -> TP 1 x DP 2)
+    buckets = [BUCKET_WORDS[f.gradient_as_bucket_view]] if lay.tp * lay.pp * lay.dp * lay.cp > 1 else []
     return model, lay, capacity, [f"memory model: {model.basis}", ATTENTION_WORDS.get(f.attention, ATTENTION_WORDS[None]),
-                                  f"peak memory now: {model.peak(lay).arithmetic()}"]
+                                  *buckets, f"peak memory now: {model.peak(lay).arithmetic()}"]

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.9"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s
+SCHEMA_VERSION = "1.10"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets
 
 
 @dataclass
@@ -368,6 +368,7 @@ class MemoryParts:
     total: float
     other: float = 0.0                 # calibrated: measured - modelled peak, held (any sign)
     sharding_buffers: float = 0.0      # ZeRO-3 (FSDP2): gathered weights and deferred unsharded gradients
+    dp_buckets: float = 0.0            # replicated DP's gradient buckets beside the gradients (DDP's default)
 
 
 @dataclass

@@ -11,7 +11,8 @@ from .memfmt import MiB
 
 STAGE_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#f58518", "#b279a2", "#72b7b2", "#eeca3b", "#9d755d")
 PART_COLORS = {"weights": "#4c78a8", "gradients": "#72b7b2", "optimizer states": "#b279a2",
-               "ZeRO-3 buffers (gathered weights, deferred gradients)": "#9d755d", "activations": "#f58518",
+               "ZeRO-3 buffers (gathered weights, deferred gradients)": "#9d755d",
+               "DP gradient buckets": "#54a24b", "activations": "#f58518",
                "other (measured - modelled)": "#bab0ac"}
 
 
@@ -54,6 +55,7 @@ def memory_model_bars(d: Diagnosis):
     values = {"weights": [p.weights for p in parts], "gradients": [p.grads for p in parts],
               "optimizer states": [p.optimizer for p in parts],
               "ZeRO-3 buffers (gathered weights, deferred gradients)": [p.sharding_buffers for p in parts],
+              "DP gradient buckets": [p.dp_buckets for p in parts],
               "activations": [p.activations for p in parts],
               "other (measured - modelled)": [p.other for p in parts]}
     fig = go.Figure([go.Bar(name=k, x=stages, y=[x / MiB for x in v], marker_color=PART_COLORS[k])

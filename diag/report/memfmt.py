@@ -61,6 +61,7 @@ def model_lines(m: Optional[MemoryUsage]) -> list[str]:
     out = [f"Memory model: {m.model_basis}"] if m.model_basis else []
     out += [f"  stage {p.stage}: weights {mib(p.weights)} + gradients {mib(p.grads)} + optimizer {mib(p.optimizer)}"
             + (f" + ZeRO-3 buffers {mib(p.sharding_buffers)}" if p.sharding_buffers else "")
+            + (f" + DP buckets {mib(p.dp_buckets)}" if p.dp_buckets else "")
             + f" + activations {mib(p.activations)}"
             + (f" {'+' if p.other >= 0 else '-'} other {mib(abs(p.other))}" if p.other else "")
             + f" = {mib(p.total)} MiB" for p in m.model]

@@ -81,6 +81,7 @@ def measured(tmp_path_factory) -> dict[str, tuple[int, Path]]:
                                                   for v in measured[3:]), measured
         facts = json.loads((run.out / "diag_run.json").read_text())
         assert facts["peak_memory_bytes"] == max(measured[3:])
+        assert facts["gradient_as_bucket_view"] is False      # its replicated sync's buckets: docs/memory.md
         out[name] = measured[3], run.out
     return out
 
