@@ -149,3 +149,32 @@ def test_fsdp_own_time_is_not_taken_at_zero1(tmp_path):
     cal = fsdp_calibration(tmp_path, 1)
     assert cal.config.zero == 1 and cal.workload.fsdp_s_per_layer == 0.0
     assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-2)
+
+
+def test_tp_is_priced_as_the_step_pays_it(tmp_path):
+    """TP 2, 2 layers, m = 2: the model's 4 x 2 x 2 = 16 TP all-reduces a step. On a synthesised
+    job the trace's TP transfers are exactly those, so the TP link as paid is the simulated one and
+    the model meets the measured step. Add to the trace a TP collective the model does not count
+    (a loss's all-gather, 6 ms of transfer a step, no busbw of its own): the link as paid is slower
+    by 6 ms over the 16 calls, the model's step for the measured layout grows by those 6 ms, and at
+    TP 1 they are gone with the rest of TP (before: held in the residual, TP 1 kept them)."""
+    from diag.analysis.results import steps_in_window
+
+    w = Workload(num_layers=2, fwd_s_per_layer=4 * MS, tp_bytes_per_layer=4e6)
+    c = Config(tp=2, num_micro_batches=2)
+    d = diagnosis(tmp_path, w, c, HostOps(ops_per_step=0, optimizer_ops_per_step=0, aten_ops_per_step=0,
+                                               aten_op_s=0.0, framework_per_step_s=0.0), Links(tp=4e9))
+    base = calibrate(d)
+    tp_ops = [o for o in d.comm.ops if o.axis == "tp"]
+    per_step = sum(o.time_s for o in tp_ops) / steps_in_window(d.ranks)
+    assert per_step == pytest.approx(16 * 1 * MS, rel=1e-3)              # 16 x 4 MB x 1 / 4 GB/s
+    assert base.model_step_s == pytest.approx(base.measured_step_s, rel=1e-3)
+    steps = steps_in_window(d.ranks)
+    d.comm.ops.append(replace(tp_ops[0], op="all_gather", time_s=6 * MS * steps, busbw_median_gbps=None,
+                              busbw_p95_gbps=None, busbw_basis="transfer"))
+    paid = calibrate(d)
+    assert paid.links.tp == pytest.approx(base.links.tp * 16 / 22, rel=1e-3)
+    assert paid.model_step_s - base.model_step_s == pytest.approx(6 * MS, rel=1e-3)
+    assert any(a.startswith("TP as the step pays it: 22 ms per step") for a in paid.assumptions)
+    tp1 = replace(c, tp=1, dp=2)
+    assert base.predict(tp1) - paid.predict(tp1) == pytest.approx(6 * MS, rel=1e-3)

@@ -176,6 +176,24 @@ def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[fl
     return o.busbw_median_gbps * 1e9, o.median_bytes
 
 
+def _tp_as_paid(d: Diagnosis, busbw: float, call_bytes: float, tp: int, calls: int, notes: list) -> float:
+    """The TP link as the step pays it: the model's `calls` TP all-reduces of `call_bytes` a step
+    take the TP collectives' measured transfer time per step (matched across the group: waits for a
+    late rank are not in it), so what the model does not count one by one (the embedding's and the
+    loss's collectives, DTensor's redistributions, a median call's busbw against the mean's tail)
+    goes with TP when a change removes or shrinks it, instead of staying in the held residual.
+    `busbw` (the median call's) where nothing is measured or the model has no TP bytes."""
+    ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "tp" and o.busbw_basis == "transfer"]
+    per_step = sum(o.time_s for o in ops) / max(_steps(d), 1)
+    if tp < 2 or not calls or not call_bytes or per_step <= 0 or not math.isfinite(busbw):
+        return busbw
+    paid = calls * call_bytes * bus_factor(Coll.ALL_REDUCE, tp) / per_step
+    notes.append(f"TP as the step pays it: {per_step * 1e3:.3g} ms per step of TP transfers (matched, waits "
+                 f"excluded) over the model's {calls} all-reduces of {call_bytes / 1024:.4g} KiB: "
+                 f"{paid / 1e9:.3g} GB/s effective, against {busbw / 1e9:.3g} GB/s for the median call")
+    return paid
+
+
 def _fsdp_host(d: Diagnosis, zero: int, tp: int, mb_layers: int, stage_layers: int,
                notes: list) -> tuple[float, float]:
     """(FSDP2's own host s per layer per micro-batch, its optimizer's DTensor dispatch s per layer
@@ -323,8 +341,9 @@ def calibrate(d: Diagnosis) -> Calibration:
              "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}
     width = dtype_bytes(meta.dtype or "bf16") or 2     # bytes an activation element (16-bit unless said)
     cp_bytes, cp_grad_bytes = _cp_exchange(d, meta, cp, tp, mbs, width, busbw, notes)
-    links = Links(**busbw)
     act = mbs * int(meta.seq_length or 0) * int(meta.hidden_size or 0) * width
+    busbw["tp"] = _tp_as_paid(d, busbw["tp"], act / cp, tp, per_stage_halves, notes)
+    links = Links(**busbw)
     grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline
