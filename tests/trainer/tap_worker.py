@@ -51,15 +51,19 @@ def main(out: str) -> None:
     # NCCL coalesces a batch of sends and receives: each op dispatched gets no Work, the batch one
     # (gloo cannot coalesce, so the Work-less ops are made so here): both timed by the batch's Work;
     # a Work-less op outside any batch has no wait to time it by, so no duration.
+    # The Works the log is not given are kept and waited before the group goes: gloo's worker
+    # threads must not be running one when destroy_process_group tears it down (a CI run once
+    # ended in "terminate called without an active exception" here).
     with comm.p2p_batch() as bind:
-        for op in ("send", "recv"):
-            comm.launched(op, "pp", [0], 16, lambda: dist.all_reduce(torch.ones(4), async_op=True),
-                          lambda _out: None)
+        works = [comm.launched(op, "pp", [0], 16, lambda: dist.all_reduce(torch.ones(4), async_op=True),
+                               lambda _out: None) for op in ("send", "recv")]
         batch_work = dist.all_reduce(torch.ones(4), async_op=True)
         bind([batch_work])
     comm.wait(batch_work)
-    comm.launched("broadcast", "pp", [0], 16, lambda: dist.broadcast(torch.ones(4), 0, async_op=True),
-                  lambda _out: None)
+    works.append(comm.launched("broadcast", "pp", [0], 16,
+                               lambda: dist.broadcast(torch.ones(4), 0, async_op=True), lambda _out: None))
+    for work in works:
+        work.wait()
     comm.close()
     records = [json.loads(line) for line in open(os.path.join(out, "comm.jsonl"))]
     with open(os.path.join(out, "rank-0.json"), "w") as f:
