@@ -183,9 +183,11 @@ def _tp_as_paid(d: Diagnosis, busbw: float, call_bytes: float, tp: int, calls: i
     loss's collectives, DTensor's redistributions, a median call's busbw against the mean's tail)
     goes with TP when a change removes or shrinks it, instead of staying in the held residual.
     `busbw` (the median call's) where nothing is measured or the model has no TP bytes."""
+    if tp < 2 or not calls or not call_bytes or not math.isfinite(busbw):
+        return busbw
     ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "tp" and o.busbw_basis == "transfer"]
-    per_step = sum(o.time_s for o in ops) / max(_steps(d), 1)
-    if tp < 2 or not calls or not call_bytes or per_step <= 0 or not math.isfinite(busbw):
+    per_step = sum(o.time_s for o in ops) / _steps(d)
+    if per_step <= 0:
         return busbw
     paid = calls * call_bytes * bus_factor(Coll.ALL_REDUCE, tp) / per_step
     notes.append(f"TP as the step pays it: {per_step * 1e3:.3g} ms per step of TP transfers (matched, waits "

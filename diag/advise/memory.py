@@ -138,10 +138,10 @@ class Estimate:
         """The sum, in GiB (MiB for small models), as a person would check it."""
         div, unit = (GiB, "GiB") if self.total >= GiB else (MiB, "MiB")
         other = f" {'+' if self.other >= 0 else '-'} other {abs(self.other) / div:.3g}" if self.other else ""
-        fsdp = f" + ZeRO-3 buffers {self.sharding_buffers / div:.3g}" if self.sharding_buffers else ""
-        fsdp += f" + DP buckets {self.dp_buckets / div:.3g}" if self.dp_buckets else ""
+        buffers = (f" + ZeRO-3 buffers {self.sharding_buffers / div:.3g}" * bool(self.sharding_buffers)
+                   + f" + DP buckets {self.dp_buckets / div:.3g}" * bool(self.dp_buckets))
         return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
-                f"{self.optimizer / div:.3g}{fsdp} + activations {self.activations / div:.3g} ({self.in_flight:g} "
+                f"{self.optimizer / div:.3g}{buffers} + activations {self.activations / div:.3g} ({self.in_flight:g} "
                 f"micro-batch{'es' * (self.in_flight != 1)} in flight){other} "
                 f"= {self.total / div:.3g} {unit} (stage {self.stage})")
 
