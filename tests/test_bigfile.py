@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import shutil
+import zlib
 
 import pytest
 
@@ -64,12 +65,15 @@ def test_no_room_to_inflate_is_a_clear_error(tmp_path, monkeypatch):
     assert "DIAG_TMPDIR" in e.value.problem
 
 
+@pytest.mark.parametrize("inflate", ["isal", "zlib"])
 @pytest.mark.parametrize("in_piece", [7, 4096, 1 << 20])
-def test_gunzip_fed_in_pieces_equals_gzip(tmp_path, monkeypatch, in_piece):
+def test_gunzip_fed_in_pieces_equals_gzip(tmp_path, monkeypatch, in_piece, inflate):
     """The compressed input is fed a piece at a time (no quadratic unconsumed-tail copies):
     three members, their boundaries inside pieces, trailing zeros, equal gzip.decompress; a
-    member cut short is truncated, however the pieces fall."""
+    member cut short is truncated, a damaged one corrupt, however the pieces fall. With ISA-L's
+    inflate (a dependency) and with zlib's, which read.py falls back to where isal is missing."""
     monkeypatch.setattr(read, "IN_PIECE", in_piece)
+    monkeypatch.setattr(read, "_inflate", __import__("isal.isal_zlib").isal_zlib if inflate == "isal" else zlib)
     text = gzip.decompress(open(GZ, "rb").read())[:300_000]
     thirds = [text[:100_003], text[100_003:200_001], text[200_001:]]
     blob = b"".join(gzip.compress(t, compresslevel=1) for t in thirds)
@@ -77,6 +81,11 @@ def test_gunzip_fed_in_pieces_equals_gzip(tmp_path, monkeypatch, in_piece):
     for cut in (len(blob) - 9, len(blob) - len(gzip.compress(thirds[2], compresslevel=1)) // 2):
         with pytest.raises(TraceError, match="truncated gzip"):
             read.gunzip("x.gz", blob[:cut])
+    broken = bytearray(blob)
+    broken[20:40] = b"\xff" * 20                        # inside the first member's deflate blocks
+    with pytest.raises(TraceError, match="corrupt gzip") as e:
+        read.gunzip("x.gz", bytes(broken))
+    assert e.value.path == "x.gz"
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RssFile from Linux's /proc")

@@ -2,7 +2,7 @@
 
 `diag analyze FILE` spends its first ~0.1-0.2 s importing numpy and the analysis, on one core,
 and then reads and (for .json.gz) inflates the file. The reading needs none of those imports
-and zlib lets go of the GIL while it inflates, so it is started first, in a thread, and
+and the inflate (ISA-L or zlib) lets go of the GIL, so it is started first, in a thread, and
 read.read_bytes takes its result when the loader asks for that file. Only a single file is read
 ahead (a directory's ranks may go to worker processes), and a failure is the loader's to report:
 the thread keeps the exception and read_bytes raises it, as if it had read the file itself.

@@ -10,6 +10,11 @@ import os
 import tempfile
 import zlib
 
+try:        # ISA-L's inflate: zlib's API, 3-4x its speed (a wheel on Linux x86-64 and aarch64)
+    from isal import isal_zlib as _inflate
+except ImportError:            # pragma: no cover (a platform without isal's wheel): the stdlib's
+    _inflate = zlib
+
 from . import prefetch
 from .mapped import MAP_MIN_BYTES, is_mapped, register as _register, release  # noqa: F401 (re-exported)
 from .safeio import open_regular, read_bounded
@@ -39,17 +44,18 @@ class _Inflated:
     that inflates to gigabytes is not held in the process's memory whole."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.buf, self.file, self.size = path, bytearray(), None, 0
+        self.path, self.pieces, self.file, self.size = path, [], None, 0
 
     def write(self, piece: bytes) -> None:
         self.size += len(piece)
         try:
             if self.file is None and self.size > MAP_MIN_BYTES:
                 self.file = tempfile.TemporaryFile(dir=spill_dir())
-                self.file.write(self.buf)
-                self.buf = bytearray()
+                for held in self.pieces:
+                    self.file.write(held)
+                self.pieces = []
             if self.file is None:
-                self.buf += piece
+                self.pieces.append(piece)
             else:
                 self.file.write(piece)
         except OSError as e:
@@ -58,8 +64,8 @@ class _Inflated:
                                         f"{e.strerror or e} (set DIAG_TMPDIR to a folder with room)") from None
 
     def result(self):
-        if self.file is None:
-            return self.buf
+        if self.file is None:          # one piece (up to PIECE inflated) is returned as it is, not copied
+            return self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
         try:
             self.file.flush()
             return _register(mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ))
@@ -108,8 +114,8 @@ def inflate_limit(compressed: int) -> int:
 
 
 def gunzip(path: str, data: bytes):
-    """Decompress every gzip member, refusing to inflate past inflate_limit(). A bytearray, or
-    past MAP_MIN_BYTES a map of the inflated bytes in an unlinked temporary file (_Inflated).
+    """Decompress every gzip member (ISA-L's inflate where installed, else zlib's), refusing to
+    inflate past inflate_limit(). Bytes, or past MAP_MIN_BYTES a map of the inflated bytes in an unlinked temporary file (_Inflated).
     The input is fed IN_PIECE at a time: zlib copies what it has not consumed (unconsumed_tail)
     on every call, which over the whole file would be quadratic in time and double its memory."""
     limit = inflate_limit(len(data))
@@ -128,7 +134,7 @@ def gunzip(path: str, data: bytes):
 
     try:
         while bytes(mv[pos:pos + 2]) == GZIP_MAGIC:
-            d = zlib.decompressobj(31)
+            d = _inflate.decompressobj(31)
             while not d.eof:
                 buf = mv[pos:pos + IN_PIECE]
                 pos += len(buf)
@@ -141,7 +147,7 @@ def gunzip(path: str, data: bytes):
                     take(d.decompress(buf, room()))
                     buf = d.unconsumed_tail
             pos -= len(d.unused_data)         # the next member starts in the last piece fed
-    except zlib.error as e:
+    except (zlib.error, _inflate.error) as e:
         out.close()
         raise TraceError(path, f"corrupt gzip: {e}") from None
     except TraceError:
