@@ -95,3 +95,17 @@ def test_lazy_help_is_each_commands_own():
     for name, line in LAZY_HELP.items():
         cmd = main.get_command(ctx, name)
         assert cmd.short_help is None and (cmd.help or "").split("\n\n")[0].strip() == line, name
+
+
+def test_analysis_never_imports_numpy_ma(tmp_path, monkeypatch):
+    """numpy.ma costs ~10 ms a process, in each worker too; np.unique, np.median and np.percentile
+    import it on first use, so the analysis uses trace.columns' distinct, median and percentile. One
+    process (DIAG_WORKERS=1) decodes and analyses: a single GPU trace with NCCL collectives (busbw
+    percentiles), a gloo CPU trace, a multi-rank all-to-all job and the trainer's 3D-parallel job."""
+    monkeypatch.setenv("DIAG_WORKERS", "1")
+    for path in (os.path.join(DATA, "a100_rank0_of_2_nccl_args"), os.path.join(DATA, "gloo_cpu_only_rank34"),
+                 os.path.join(DATA, "dlrm_4_ranks_alltoall"), os.path.join(ROOT, "sample_traces", "tp2_pp2_dp2")):
+        got = modules_of("analyze", path, "--format", "json", "--output", str(tmp_path / "d.json"))
+        assert got["exit"] in (0, None), path
+        assert "numpy.ma" not in got["end"], path
+        assert "diag.analysis.stragglers" in got["end"]       # it did run the analysis

@@ -23,6 +23,7 @@ import numpy as np
 from ..runmeta import RunFacts
 from ..analysis.bandwidth import bus_factor
 from ..analysis.results import Diagnosis, steps_in_window
+from ..trace.columns import median
 from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
 from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, step_time
@@ -316,7 +317,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     compute = _per_stage(d, pp, "compute_s")
     idle = _per_stage(d, pp, "idle_s")
     per_stage_halves = m * HALVES * layers // pp
-    launch = float(np.median(idle)) / per_stage_halves
+    launch = float(median(idle)) / per_stage_halves
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
     mb_layers = m * (layers // pp)
     host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes)
@@ -336,7 +337,7 @@ def calibrate(d: Diagnosis) -> Calibration:
                  f"{float(np.mean(compute)) * 1e3:.3g} ms compute per stage per step (optimizer, embedding and loss "
                  "folded in)" + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost"
                                  + " and FSDP2's own time" * bool(fsdp or fsdp_opt) if fixed else ""))
-    notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {np.median(idle) * 1e3:.3g} ms "
+    notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
              "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],

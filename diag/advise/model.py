@@ -19,6 +19,7 @@ import numpy as np
 
 from ..analysis.bandwidth import bus_factor
 from ..layout import RankGrid
+from ..trace.columns import median
 from ..trace.kinds import Coll
 from .memory import ZERO_STAGES
 from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
@@ -356,14 +357,14 @@ class Timeline:
     @property
     def step_time_s(self) -> float:
         """Median step duration of the slowest rank (in steady state all ranks agree)."""
-        return float(max(np.median(r.step_durations()) for r in self.ranks))
+        return float(max(median(r.step_durations()) for r in self.ranks))
 
     def stage_bubble(self) -> dict:
         """Per stage: mean over its ranks of PP send/recv time per step / step time."""
         out = {}
         for s in range(self.grid.pp):
             rs = [r for r in self.ranks if self.grid.coords(r.rank).pp_rank == s]
-            out[s] = float(np.mean([r.pp_time_per_step() / np.median(r.step_durations()) for r in rs]))
+            out[s] = float(np.mean([r.pp_time_per_step() / median(r.step_durations()) for r in rs]))
         return out
 
 

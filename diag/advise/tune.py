@@ -20,12 +20,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-
 from ..runmeta import RunFacts
 from ..analysis import diagnose
 from ..analysis.collect import load_summaries
 from ..analysis.results import Diagnosis
+from ..trace.columns import median
 from .recommend import advise
 from .results import Recommendation
 
@@ -117,7 +116,7 @@ def run(command: str, out: str, python: str = sys.executable, timeout: float = 6
     steps = measured_steps(out, d.run)
     if not steps:
         raise TuneError(f"{out}: no step outside the profiler window to measure: raise --train-iters")
-    return Run(out=out, command=shlex.join(argv), step_s=float(np.median(steps)), steps=len(steps), runs=1,
+    return Run(out=out, command=shlex.join(argv), step_s=float(median(steps)), steps=len(steps), runs=1,
                trace_step_s=d.throughput.step_time_s if d.throughput else None, diagnosis=d)
 
 
@@ -172,8 +171,8 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     for i in range(1, repeats):
         repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout)
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
-    before.step_s, before.steps, before.trace_step_s = float(np.median(tb)), len(tb), float(np.median(xb))
-    after.step_s, after.steps, after.trace_step_s = float(np.median(ta)), len(ta), float(np.median(xa))
+    before.step_s, before.steps, before.trace_step_s = float(median(tb)), len(tb), float(median(xb))
+    after.step_s, after.steps, after.trace_step_s = float(median(ta)), len(ta), float(median(xa))
     res = TuneResult(before, after, rec, predicted_change=rec.step_s_after / rec.step_s_before - 1,
                      measured_change=after.step_s / before.step_s - 1)
     if before.trace_step_s and after.trace_step_s:

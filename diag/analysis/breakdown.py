@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.columns import distinct
 from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
@@ -68,7 +69,7 @@ def host_split(t: EventTable, w: Window):
     comm_rows, op_rows = rows[is_comm], rows[~is_comm & (t.kind[rows] == Kind.CPU_OP)]
     blocking = comm_rows[~in_flight(t, comm_rows, rows[t.kind[rows] == Kind.CPU_OP])]
     starts, ends = [], []
-    for th in np.unique(t.thread[op_rows]):
+    for th in distinct(t.thread[op_rows]):
         ops = _union(t, op_rows[t.thread[op_rows] == th])
         s, e = iv.subtract(ops, _union(t, blocking[t.thread[blocking] == th]))
         starts.append(s)
@@ -87,7 +88,7 @@ def in_flight(t: EventTable, spans: np.ndarray, cpu_ops: np.ndarray) -> np.ndarr
     `c10d::send` that posted it and ends when its `wait()` returns).
     """
     out = np.zeros(spans.size, bool)
-    for th in np.unique(t.thread[spans]):
+    for th in distinct(t.thread[spans]):
         mine, calls = t.thread[spans] == th, cpu_ops[t.thread[cpu_ops] == th]
         out[mine] = _outlives(t.ts_ns[calls], t.end_ns[calls], t.ts_ns[spans[mine]], t.end_ns[spans[mine]],
                               CROSS_TOLERANCE_NS)
@@ -123,7 +124,7 @@ def analyse_timeline(sets: TimelineSets, w: Window, timeline: str) -> tuple[Brea
                    comm_s=x * NS, memory_s=m * NS, other_s=(busy - c - x - m) * NS,
                    idle_s=(span - busy) * NS)
     comm_total = iv.length(comm)
-    n_steps = int(np.unique(w.step_index[w.step_index >= 0]).size)
+    n_steps = int(distinct(w.step_index[w.step_index >= 0]).size)
     ov = Overlap(comm_s=comm_total * NS, overlapped_s=(comm_total - x) * NS,
                  ratio=(comm_total - x) / comm_total if comm_total else None,
                  exposed_s=x * NS, exposed_per_step_s=x * NS / n_steps if n_steps else None)

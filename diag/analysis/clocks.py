@@ -19,6 +19,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..trace.columns import median
 from ..trace.kinds import Coll
 from .collectives import RankComms
 from .results import ClockAlignment, ClockShift
@@ -59,8 +60,8 @@ def _edges(pairs: dict) -> dict:
     out: dict = defaultdict(list)
     for (a, b, p2p), diffs in pairs.items():
         d = np.asarray(diffs, np.int64)
-        med = int(np.median(d))
-        spread = int(np.median(np.abs(d - med)))
+        med = int(median(d))
+        spread = int(median(np.abs(d - med)))
         out[a].append((b, med, d.size, spread, p2p))       # end_b + (off_a + med) = end_a + off_a
         out[b].append((a, -med, d.size, spread, p2p))
     return out

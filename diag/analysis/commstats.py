@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import median, percentile
 from ..hardware import intra_node_link
 from ..trace import kinds
 from . import intervals as iv
@@ -75,17 +76,17 @@ def op_stats(comms: list[RankComms], matched: list[Matched], n_ranks: int,
             else:
                 basis = "kernel (includes wait)"
         ranks = len(set(c["rank"][idx].tolist()))
-        med = float(np.median(vals)) if vals.size else None
+        med = float(median(vals)) if vals.size else None
         nb = c["nbytes"][idx]
         peak = link[1] / 1e9 if link else None
         out.append(CommOpStat(
             axis=_axis_name(axis), op=kinds.op_name(coll),
             size_bucket=BUCKETS[b] if 0 <= b < len(BUCKETS) else "unknown", calls=int(idx.size), ranks=ranks,
-            median_bytes=float(np.median(nb[nb >= 0])) if (nb >= 0).any() else None,
+            median_bytes=float(median(nb[nb >= 0])) if (nb >= 0).any() else None,
             time_s=float(c["dur_ns"][idx].sum()) * NS / max(n_ranks, 1),
             exposed_s=float(c["exposed_ns"][idx].sum()) * NS / max(n_ranks, 1),
             wait_s=_wait_s(c["wait_ns"][idx], c["match_id"][idx], n_ranks),
-            busbw_median_gbps=med, busbw_p95_gbps=float(np.percentile(vals, 95)) if vals.size else None,
+            busbw_median_gbps=med, busbw_p95_gbps=percentile(vals, 95) if vals.size else None,
             busbw_basis=basis, link=link[0] if link else None, link_peak_gbps=peak,
             efficiency=med / peak if med is not None and peak else None,
             group_size=_median_size(c["group_size"][idx])))
@@ -111,7 +112,7 @@ def busbw_unknown_notes(ops: list[CommOpStat]) -> list[str]:
 
 def _median_size(n: np.ndarray) -> Optional[int]:
     known = n[n > 0]
-    return int(np.median(known)) if known.size else None
+    return int(median(known)) if known.size else None
 
 
 def _against_bench(o: CommOpStat, bench) -> None:

@@ -5,6 +5,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import median
 from .results import CommAnalysis, Finding, FindingKind, RankResult, StragglerBasis
 
 MIN_SHARE = 0.01       # under 1% of a step is not worth a line
@@ -13,7 +14,7 @@ MIN_SHARE = 0.01       # under 1% of a step is not worth a line
 def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int]:
     steps = max((r.window_steps for r in ranks), default=0)
     times = [r.step_time_s for r in ranks if r.step_time_s]
-    return (float(np.median(times)) if times else None), steps
+    return (float(median(times)) if times else None), steps
 
 
 def _rest_of_exposed(ranks: list[RankResult], comm: CommAnalysis, n: int, add) -> None:

@@ -23,6 +23,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import median, percentile
 from ..trace.flightrec import FRDump, FREntry
 from . import intervals as iv
 from .bandwidth import busbw
@@ -84,7 +85,7 @@ def op_timings(found: list, axis_of: dict) -> list[FROpTiming]:
 
 
 def _med(xs) -> Optional[float]:
-    return float(np.median(xs)) if xs else None
+    return float(median(xs)) if xs else None
 
 
 def _op_stat(key: tuple, a: dict) -> FROpTiming:
@@ -98,7 +99,7 @@ def _op_stat(key: tuple, a: dict) -> FROpTiming:
         why = "message size unknown (no sizes or dtype recorded)"
     return FROpTiming(axis=axis, op=op, group_size=n, instances=a["n"], median_bytes=_med(a["bytes"]),
                       transfer_median_s=_med(a["transfer"]),
-                      transfer_p95_s=float(np.percentile(a["transfer"], 95)) if timed else None,
+                      transfer_p95_s=percentile(a["transfer"], 95) if timed else None,
                       wait_median_s=_med(a["wait"]), busbw_median_gbps=_med(a["bw"]), unknown=why)
 
 
@@ -148,7 +149,7 @@ def _late(waited: dict, edges: np.ndarray, width_s: float) -> list[FRLate]:
         late = (rate[r] >= LATE_MS_PER_S) & (rate[r] >= LATE_LEAD * others) & (waited[r] >= LATE_MIN_MS)
         if late.sum() < LATE_WINDOWS:
             continue
-        late &= rate[r] >= LATE_OF_TYPICAL * np.median(rate[r][late])   # a hiccup before a slowdown
+        late &= rate[r] >= LATE_OF_TYPICAL * median(rate[r][late])   # a hiccup before a slowdown
         since, until = _episode(late)
         if until - since < LATE_WINDOWS:
             continue

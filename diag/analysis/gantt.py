@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import distinct
 from ..trace.kinds import Coll, Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
@@ -203,12 +204,12 @@ def _labelled(parts: dict, spans: list[tuple]) -> dict:
             out[(kind, None)] = (s, e)
             continue
         i = np.maximum(np.searchsorted(s, cuts, side="right") - 1, 0)
-        inside = np.unique(cuts[(s[i] < cuts) & (cuts < e[i])])          # cut points strictly inside an interval
+        inside = distinct(cuts[(s[i] < cuts) & (cuts < e[i])])          # cut points strictly inside an interval
         starts, ends = np.sort(np.concatenate([s, inside])), np.sort(np.concatenate([inside, e]))
         j = np.searchsorted(lo, starts, side="right") - 1
         held = (j >= 0) & (starts < hi[np.maximum(j, 0)])
         out[(kind, None)] = (starts[~held], ends[~held])
-        for k in np.unique(j[held]).tolist():
+        for k in distinct(j[held]).tolist():
             sel = held & (j == k)
             out[(kind, labels[k])] = iv.merge(*(np.concatenate(x) for x in zip(out.get((kind, labels[k]), iv.EMPTY),
                                                                                 (starts[sel], ends[sel]))))

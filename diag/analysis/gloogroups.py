@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ..layout import AXES, UNKNOWN
+from ..trace.columns import distinct
 from ..trace.kinds import Coll
 from .collectives import RankComms
 from .layoutfind import JobLayout, group_key
@@ -71,7 +72,7 @@ def _lane_sets(rc: RankComms) -> dict[int, Counter]:
     if not ok.any():                                  # no gloo worker here (a GPU trace, say)
         return {}
     ok &= _unnamed(rc)
-    return {int(la): Counter(sig[ok & (lane == la)].tolist()) for la in np.unique(lane[ok])}
+    return {int(la): Counter(sig[ok & (lane == la)].tolist()) for la in distinct(lane[ok])}
 
 
 def _units(lanes: dict[int, Counter]) -> list[tuple]:

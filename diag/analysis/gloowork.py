@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.columns import distinct
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from .hostlink import enclosing
@@ -95,7 +96,7 @@ def issuer_threads(t, window_rows: np.ndarray) -> np.ndarray:
     A gloo span on any other thread ran on a worker of its process group."""
     calls = t.name_mask(lambda s: bool(ISSUE_RE.match(s) or FUNCOL_RE.match(s) or WAIT_RE.match(s)))
     sel = window_rows[calls[window_rows] & (t.kind[window_rows] == Kind.CPU_OP)]
-    return np.unique(t.thread[sel])
+    return distinct(t.thread[sel])
 
 
 def _by_fsdp(t, issuer: np.ndarray) -> np.ndarray:
@@ -164,6 +165,6 @@ def fifo_pairs(key: np.ndarray, time: np.ndarray, src_key: np.ndarray, src_time:
 
 def _by_key(key: np.ndarray, time: np.ndarray, src_key: np.ndarray, src_time: np.ndarray):
     """Per key known (>= 0) on both sides: (items, sources) of that key, each in time order."""
-    for k in np.intersect1d(key[key >= 0], src_key[src_key >= 0]):
+    for k in np.intersect1d(distinct(key[key >= 0]), distinct(src_key[src_key >= 0]), assume_unique=True):
         items, srcs = np.flatnonzero(key == k), np.flatnonzero(src_key == k)
         yield items[np.argsort(time[items], kind="stable")], srcs[np.argsort(src_time[srcs], kind="stable")]

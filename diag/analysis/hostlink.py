@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..layout import AXES
+from ..trace.columns import distinct
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
 
@@ -33,7 +34,7 @@ def enclosing(t: EventTable, points_ns: np.ndarray, threads: np.ndarray,
     cand = np.flatnonzero(t.name_mask(predicate) & t.mask(*kinds))
     if cand.size == 0 or points_ns.size == 0:
         return out
-    for th in np.unique(threads[threads >= 0]):
+    for th in distinct(threads[threads >= 0]):
         rows = cand[t.thread[cand] == th]
         if rows.size == 0:
             continue

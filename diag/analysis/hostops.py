@@ -39,6 +39,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import distinct, median
 from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
@@ -76,7 +77,7 @@ def nesting_parent(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 def self_times_ns(t: EventTable, rows: np.ndarray) -> np.ndarray:
     """Each call's duration less the durations of the calls nested directly in it (per thread)."""
     out = t.dur_ns[rows].astype(np.int64).copy()
-    for th in np.unique(t.thread[rows]):
+    for th in distinct(t.thread[rows]):
         idx = np.flatnonzero(t.thread[rows] == th)
         r = rows[idx]
         parent = nesting_parent(t.ts_ns[r], t.end_ns[r])
@@ -88,7 +89,7 @@ def self_times_ns(t: EventTable, rows: np.ndarray) -> np.ndarray:
 def _inside(t: EventTable, rows: np.ndarray, spans: np.ndarray) -> np.ndarray:
     """Which of `rows` start inside one of `spans` (rows of annotations) on the same thread."""
     inside = np.zeros(rows.size, bool)
-    for th in np.unique(t.thread[spans]):
+    for th in distinct(t.thread[spans]):
         sp = spans[t.thread[spans] == th]
         mine = t.thread[rows] == th
         lo = np.sort(t.ts_ns[sp])
@@ -139,7 +140,7 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
         ops_per_step=float(work.sum()) / steps,
         optimizer_ops_per_step=float((work & in_opt).sum()) / steps,
         aten_ops_per_step=float((aten & ~in_opt & ~in_fsdp).sum()) / steps,
-        aten_op_s=float(np.median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
+        aten_op_s=float(median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
         framework_per_step_s=calls_x_median_ns(t, calls, selfs, framework) * 1e-9 / steps,
         dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps,
         fsdp_per_step_s=fsdp_s, fsdp_optimizer_dispatch_per_step_s=opt_dispatch_s)
@@ -149,7 +150,7 @@ def _fsdp_own_ns(t: EventTable, rows: np.ndarray, fsdp: np.ndarray) -> int:
     """The time FSDP's spans cover on their threads, less the collectives' calls inside them."""
     comm = rows[t.name_mask(HOST_COMM_RE.match)[rows] | (t.kind[rows] == Kind.COMM)]
     total = 0
-    for th in np.unique(t.thread[fsdp]).tolist():
+    for th in distinct(t.thread[fsdp]).tolist():
         sp, cm = fsdp[t.thread[fsdp] == th], comm[t.thread[comm] == th]
         total += length(subtract(merge(t.ts_ns[sp], t.end_ns[sp]), merge(t.ts_ns[cm], t.end_ns[cm])))
     return total

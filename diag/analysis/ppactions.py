@@ -28,6 +28,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import distinct
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
@@ -120,7 +121,7 @@ def _annotated(t, steps_of) -> Optional[tuple]:
     step = steps_of(t.ts_ns[rows])
     acts = [(s, *a, int(t.ts_ns[r]), int(t.end_ns[r]))
             for r, s in zip(rows.tolist(), step.tolist()) if s >= 0 for a in parsed[int(t.name_id[r])]]
-    names = {int(i): t.symbols[int(i)] for i in np.unique(t.name_id[rows])}
+    names = {int(i): t.symbols[int(i)] for i in distinct(t.name_id[rows])}
     gpipe = all(_GPIPE_RE.match(n) for n in names.values())
     overlapped = int(np.isin(t.name_id[rows], [i for i, n in names.items() if n.endswith("OVERLAP_F_B")]).sum())
     return "gpipe" if gpipe else "pp", overlapped, _columns(acts)
@@ -184,7 +185,7 @@ def _number_in_order(step: np.ndarray, kind: np.ndarray) -> np.ndarray:
 def read_rank(rt: RankTrace, w: Window, timeline: str, rc: RankComms) -> PPTrace:
     """The per-rank pass's reading of the pipeline: its actions and its point-to-point waits."""
     t = rt.events
-    in_window = np.unique(w.step_index[w.step_index >= 0])
+    in_window = distinct(w.step_index[w.step_index >= 0])
 
     def steps_of(times: np.ndarray) -> np.ndarray:       # ProfilerStep number of in-window times, -1
         i = _step_of(w.steps, times)

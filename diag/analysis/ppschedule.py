@@ -16,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import distinct
 from ..runmeta import RunFacts
 from .ppactions import KIND, SINGLE_STAGE, SOURCES, PPTrace
 
@@ -72,9 +73,9 @@ def _micro_batches(traces: list[PPTrace]) -> Optional[int]:
     counts = []
     for pt in traces:
         fwd = pt.act_kind == KIND["F"]
-        for s in np.unique(pt.act_step[fwd]).tolist():
+        for s in distinct(pt.act_step[fwd]).tolist():
             sel = fwd & (pt.act_step == s)
-            counts.append(int(np.unique(pt.act_mb[sel]).size) if pt.source != "compute" else int(sel.sum()))
+            counts.append(int(distinct(pt.act_mb[sel]).size) if pt.source != "compute" else int(sel.sum()))
     return _most_common(counts)
 
 

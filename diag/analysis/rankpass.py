@@ -14,8 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-
+from ..trace.columns import distinct, median
 from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, gpu_comms, host_comms
@@ -87,7 +86,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
     sets = timeline_sets(t, w, timeline)
     breakdown, overlap = analyse_timeline(sets, w, timeline)
     exposed = exposed_comm_by_step(t, w, sets)
-    in_window = set(np.unique(w.step_index[w.step_index >= 0]).tolist())
+    in_window = set(distinct(w.step_index[w.step_index >= 0]).tolist())
     step_list = [StepTime(number=int(steps.number[i]),
                           host_s=float(steps.end_ns[i] - steps.start_ns[i]) * 1e-9,
                           in_window=i in in_window, exposed_comm_s=exposed.get(i))
@@ -101,7 +100,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
     result = RankResult(
         rank=rank, file=rt.path, device=device_name(rt), timeline=timeline,
         breakdown=breakdown, overlap=overlap, steps=step_list,
-        step_time_s=float(np.median([s.host_s for s in step_list])) if step_list else None,
+        step_time_s=float(median([s.host_s for s in step_list])) if step_list else None,
         top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
         host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None)

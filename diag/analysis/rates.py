@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
-
 from ..runmeta import RunFacts
 from ..hardware import peak_flops
+from ..trace.columns import median
 from .results import RankResult, Throughput
 from .throughput import model_flops_per_step, mfu, tokens_per_second_per_gpu
 
@@ -44,7 +43,7 @@ def _peak(ranks: list[RankResult], meta: RunFacts, peak_tflops: Optional[float])
 def throughput(ranks: list[RankResult], meta: RunFacts, world: Optional[int],
                peak_tflops: Optional[float] = None) -> Throughput:
     times = [r.step_time_s for r in ranks if r.step_time_s]
-    step = float(np.median(times)) if times else None
+    step = float(median(times)) if times else None
     gpus = world or meta.world_size
     missing = [k for k in SHAPE_KEYS if not getattr(meta, k)]
     tokens = meta.global_batch_size * meta.seq_length if not {"global_batch_size", "seq_length"} & set(missing) else None

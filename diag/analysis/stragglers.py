@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..trace.columns import median
 from ..trace.kinds import Coll
 from . import intervals as iv
 from .collectives import RankComms
@@ -364,7 +365,7 @@ def step_stragglers(ranks: list[RankResult]) -> list[Straggler]:
     times = {r.rank: r.step_time_s for r in ranks if r.step_time_s}
     if len(times) < 2:
         return []
-    med = float(np.median(list(times.values())))
+    med = float(median(list(times.values())))
     return [Straggler(rank=r, reason="slow steps",
                       evidence=f"median step {t * 1e3:,.1f} ms vs {med * 1e3:,.1f} ms across ranks ({t / med:.2f}x)",
                       basis=StragglerBasis.STEPS)

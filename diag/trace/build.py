@@ -15,7 +15,7 @@ import numpy as np
 
 from . import schema
 from .chunks import ChunkCols, chunk_columns, parallel_chunks
-from .columns import num_column
+from .columns import median, num_column
 from .commtable import comm_table, host_comm_mask, pg_ranks_of
 from .errors import TraceError
 from .memevents import memory_table
@@ -96,7 +96,7 @@ def _table(path: str, parts: _Parts) -> tuple[EventTable, np.ndarray]:
         raise TraceError(path, "no event has a timestamp")
     # A real trace spans seconds to hours; an event days away from the others is corrupt, and
     # keeping it would overflow int64 nanoseconds.
-    good &= np.abs(ts_us - np.median(ts_us[good])) <= MAX_SPAN_US
+    good &= np.abs(ts_us - median(ts_us[good])) <= MAX_SPAN_US
     good &= np.abs(ts_us) <= MAX_ABS_TS_US      # the job's clock in ns (t0 x 1000) must fit int64 too
     if not good.any():
         raise TraceError(path, "no event has a usable timestamp")

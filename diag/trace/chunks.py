@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from . import schema
-from .columns import sparse_column
+from .columns import distinct, sparse_column
 from .commtable import host_comm_mask
 from .errors import TraceError
 from .gemms import gemm_shapes
@@ -78,7 +78,7 @@ def _kinds(cats: tuple[np.ndarray, dict], name_ids: np.ndarray, symbols: SymbolT
     kind = by_cat[idx]
     is_kernel = kind == -2
     if is_kernel.any():
-        ids = np.unique(name_ids[is_kernel])
+        ids = distinct(name_ids[is_kernel])
         lut = np.full(len(symbols), Kind.COMPUTE, dtype=np.int8)
         lut[ids] = [kernel_kind(symbols[int(i)]) for i in ids]
         kind[is_kernel] = lut[name_ids[is_kernel]]
