@@ -30,6 +30,7 @@ import numpy as np
 from ..analysis.results import Diagnosis
 from ..analysis.summary_file import SUFFIX
 from ..trace.errors import TraceError
+from ..trace.safeio import special
 from .timeline_events import copy_rank, thread_metadata
 from .timeline_marks import findings_marks, rank_name
 
@@ -55,6 +56,8 @@ def unwritable(out: str) -> Optional[str]:
     folder = os.path.dirname(os.path.abspath(out))
     if os.path.isdir(out):
         return "is a directory"
+    if special(out):                  # /dev/null, a FIFO: written in place (write_timeline)
+        return None if os.access(out, os.W_OK) else "is not writable"
     if not os.path.isdir(folder):
         return f"its folder {folder} does not exist"
     if not os.access(folder, os.W_OK):
@@ -178,8 +181,9 @@ def _opened(fd: int, out: str):
 
 def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str], None]] = None) -> Written:
     """Write the job's timeline to `out` (through a new temporary file beside it, then renamed:
-    a failed write leaves no half file). Raises TraceError for a rank without its trace, OSError
-    when `out` cannot be written."""
+    a failed write leaves no half file; a device or a FIFO is written in place, as safeio's
+    atomic_write does). Raises TraceError for a rank without its trace, OSError when `out` cannot
+    be written."""
     traces = traces_of(job, out)
     ranks = sorted(traces)
     comms_of = {int(s.rank): s.comms for s in job.ranks}
@@ -189,7 +193,10 @@ def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str
     plan = flow_plan([comms_of[r] for r in ranks], stride)
     marks = findings_marks(d, comms_of, stride - 1, shift)
     w = Written(path=out, offsets_ns=offsets, aligned=aligned, marks=len(marks.events), note=note)
-    fd, tmp = tempfile.mkstemp(prefix=".timeline.", suffix=".partial", dir=os.path.dirname(os.path.abspath(out)))
+    if special(out):
+        fd, tmp = os.open(out, os.O_WRONLY | os.O_NOCTTY), None
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=".timeline.", suffix=".partial", dir=os.path.dirname(os.path.abspath(out)))
     try:
         with _opened(fd, out) as f:
             first = [True]
@@ -211,12 +218,13 @@ def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str
                     progress(f"timeline: rank {r} ({k + 1}/{len(ranks)}): {copied.events:,} events, "
                              f"{copied.flows_placed:,} collectives linked{missed}")
             f.write(b"\n],\n" + json.dumps({"diag": _metadata(d, w, marks, traces)}).encode()[1:] + b"\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # as open() would make it: mkstemp's is owner-only
-        os.replace(tmp, out)
+        if tmp is not None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)          # as open() would make it: mkstemp's is owner-only
+            os.replace(tmp, out)
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
     return w
 

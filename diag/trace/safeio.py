@@ -7,7 +7,9 @@ read, and every read is bounded by the bytes actually read, never by the size th
 Writing: a temporary with a predictable name (`<out>.<pid>.partial`) can be planted as a symlink
 that makes the writer overwrite any file the user can write. Temporaries are created exclusively
 (mkstemp / mkdtemp, O_EXCL, in the target's directory) and renamed over the target, so a reader
-never sees half a file and no planted name is followed. A report is never written over the files
+never sees half a file and no planted name is followed. A target that is not a regular file
+(`-o /dev/null`, `/dev/stdout`, a FIFO) is written in place, as a shell's `>` would: renamed
+over, /dev/null would become a regular file (as root) or refuse the write. A report is never written over the files
 it was made from (`refuse_overwrite`), unless the user says so.
 """
 from __future__ import annotations
@@ -15,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
-import tempfile
 from typing import Iterable, Iterator, Optional, Union
 
 from .errors import TraceError
@@ -98,11 +98,29 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def special(path: str) -> bool:
+    """Whether path names something that is there and is neither a regular file nor a folder (a
+    device such as /dev/null, a FIFO, /dev/stdout's pipe or terminal), following symlinks."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def atomic_write(path: str, data: Union[bytes, str]) -> None:
     """Write `data` to `path` through an exclusively created temporary in the same directory,
-    renamed over it: never half a file under `path`, never a planted name followed."""
+    renamed over it: never half a file under `path`, never a planted name followed. A device or a
+    FIFO (`-o /dev/null`) is written in place."""
     if isinstance(data, str):
         data = data.encode("utf-8")
+    if special(path):
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY)        # no O_CREAT: it is there, and stays what it is
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return
+    import tempfile                   # here: ~4 ms to import, for the runs that write a file
+
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".partial")
     try:
@@ -121,6 +139,9 @@ def exclusive_temp_path(path: str) -> Iterator[str]:
     """A fresh path to write `path`'s content under (for writers that open by name, such as
     torch's export_chrome_trace), inside a private directory made with mkdtemp next to `path`;
     renamed over `path` when the block ends without error. The directory is removed either way."""
+    import shutil
+    import tempfile
+
     folder = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)),
                               prefix=f".{os.path.basename(path)}.", suffix=".partial")
     tmp = os.path.join(folder, os.path.basename(path))
