@@ -14,9 +14,7 @@ the integer dtype its field has, no NaN or negative time, a breakdown that adds 
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -54,6 +52,8 @@ class _Envelope(msgspec.Struct):
 
 
 def _digest(payload: bytes) -> bytes:
+    import hashlib                    # here: ~4 ms to import (OpenSSL), and only summaries need it
+
     return hashlib.blake2b(payload, digest_size=16).digest()
 
 
@@ -79,6 +79,8 @@ def fingerprint(path: str) -> tuple[int, str]:
     kept (a first-and-last-MiB fingerprint let a stale summary through: a rank's compute 30.0%
     instead of 81.8%). Hashing runs at disk speed, a second or two on a 2 GB trace, far below
     parsing it."""
+    import hashlib
+
     h = hashlib.blake2b(digest_size=16)
     size, buf = 0, bytearray(_PIECE)
     view = memoryview(buf)
@@ -126,6 +128,8 @@ def write(path: str, sf: SummaryFile) -> None:
 
 
 def make(trace: str, summary: Optional[RankSummary], problem: Optional[str] = None) -> SummaryFile:
+    import socket                     # here: ~3 ms to import, for the runs that write summaries
+
     try:
         size, fp = fingerprint(trace)
     except OSError:

@@ -8,8 +8,8 @@ communication rows. The builder remaps local ids onto the rank's table.
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
+import pickle
 import signal
 from collections import Counter
 from dataclasses import dataclass, field
@@ -271,28 +271,30 @@ def _taken(fd: int) -> Iterator[int]:
         yield int.from_bytes(b, "little")
 
 
-def _serve(array, ranges: list, tokens: int, out) -> int:
-    """A worker: decode the chunks it takes, then send each (index, ChunkCols or None) to out (a
-    multiprocessing Connection, as a Pool's worker sends its results). Sent once all are done:
-    the parent reads them only when it needs them, and a full pipe would stop the decoding; each
-    is let go as it is sent, so the two processes together hold one copy of the results."""
+def _serve(array, ranges: list, tokens: int, out: int) -> int:
+    """A worker: decode the chunks it takes, then pickle each (index, ChunkCols or None) into the
+    pipe out. Sent once all are done: the parent reads them only when it needs them, and a full
+    pipe would stop the decoding; each is let go as it is sent, so the two processes together hold
+    one copy of the results. (A pipe and pickle, not multiprocessing's Connection: importing
+    multiprocessing is ~7 ms before the fork, on the path of every single-file analysis.)"""
     try:
         done = {i: _work(array, *ranges[i]) for i in _taken(tokens)}
-        for i in list(done):
-            out.send((i, done.pop(i)))
-        out.close()
+        with os.fdopen(out, "wb", buffering=1 << 16) as f:
+            for i in list(done):
+                pickle.dump((i, done.pop(i)), f, protocol=pickle.HIGHEST_PROTOCOL)
         return 0
     except BaseException:                 # the parent decodes what it did not get
         return 1
 
 
-def _gathered(conn) -> Iterator[tuple]:
-    """What a worker sent, up to its end (or its death)."""
-    try:
-        while True:
-            yield conn.recv()
-    except (EOFError, OSError):
-        return
+def _gathered(f) -> Iterator[tuple]:
+    """What a worker sent (f: the reading end of its pipe), up to its end or its death: a result
+    cut short by a worker's death is not one (the parent decodes that chunk itself)."""
+    while True:
+        try:
+            yield pickle.load(f)
+        except Exception:                 # EOFError at the end; a truncated pickle where it died
+            return
 
 
 class Spread:
@@ -316,18 +318,19 @@ class Spread:
                 break
         os.close(w)                       # an empty pipe now reads as its end
         for _ in range(n):
-            r, w = multiprocessing.Pipe(duplex=False)
+            r, w = os.pipe()
             pid = os.fork()
             if pid == 0:                  # the worker: never back into the caller's code
                 code = 1
                 try:
-                    for conn in [r] + [other for _, other in self.workers]:
-                        conn.close()
+                    os.close(r)
+                    for _, other in self.workers:
+                        other.close()
                     code = _serve(array, ranges, self.tokens, w)
                 finally:
                     os._exit(code)
-            w.close()
-            self.workers.append((pid, r))
+            os.close(w)
+            self.workers.append((pid, os.fdopen(r, "rb", buffering=1 << 16)))
 
     def results(self) -> list:
         """Every chunk's ChunkCols (None where a cut fell inside an event), in order."""
@@ -373,7 +376,7 @@ def workers() -> int:
 
 def forks() -> bool:
     """Whether a file's chunks may be decoded in forked workers here."""
-    return workers() >= 2 and "fork" in multiprocessing.get_all_start_methods()
+    return workers() >= 2 and hasattr(os, "fork")
 
 
 def _checked(results: list) -> Iterator[ChunkCols]:

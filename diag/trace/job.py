@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import multiprocessing
 
 from .. import runmeta
 from ..runmeta import RunFacts, RunMetaError
@@ -107,10 +106,11 @@ def each_file(fn: Callable, items: list, sizes: list[int]):
     # A pool costs ~0.1 s: it pays off from a few dozen rank files (measured: 13-16% faster at 64
     # and 256 small gzipped ranks on 2 cores) or a few big ones; DIAG_WORKERS forces either way.
     big = len(items) >= PARALLEL_MIN_FILES or (len(items) >= 4 and sum(sizes) >= PARALLEL_MIN_BYTES)
-    if n < 2 or not (big or os.environ.get("DIAG_WORKERS")) \
-            or "fork" not in multiprocessing.get_all_start_methods():
+    if n < 2 or not (big or os.environ.get("DIAG_WORKERS")) or not hasattr(os, "fork"):
         yield from map(fn, items)
         return
+    import multiprocessing            # here: ~7 ms to import, and a single trace never needs it
+
     with multiprocessing.get_context("fork").Pool(n, initializer=_one_process_each) as pool:
         yield from pool.imap(fn, items)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 import zlib
 
 try:        # ISA-L's inflate: zlib's API, 3-4x its speed (a wheel on Linux x86-64 and aarch64)
@@ -35,6 +34,8 @@ def _map(f) -> "mmap.mmap | None":
 
 def spill_dir() -> str:
     """Where big gzip traces are inflated: DIAG_TMPDIR, else the system's temporary directory."""
+    import tempfile                   # here: ~4 ms to import, for the traces that spill only
+
     return os.environ.get("DIAG_TMPDIR") or tempfile.gettempdir()
 
 
@@ -50,6 +51,8 @@ class _Inflated:
         self.size += len(piece)
         try:
             if self.file is None and self.size > MAP_MIN_BYTES:
+                import tempfile
+
                 self.file = tempfile.TemporaryFile(dir=spill_dir())
                 for held in self.pieces:
                     self.file.write(held)
