@@ -50,6 +50,8 @@ def model_schedule(name) -> str:
 
 @dataclass(frozen=True)
 class Calibration:
+    """The step-time model fitted to the measured run."""
+
     workload: Workload
     config: Config
     links: Links

@@ -81,6 +81,8 @@ def human(n: float) -> str:
 
 @dataclass(frozen=True)
 class Shape:
+    """The model's shape, as the memory model needs it."""
+
     num_layers: int
     hidden: int
     heads: int

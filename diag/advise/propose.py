@@ -50,6 +50,8 @@ def _confidence(fit_error: float) -> str:
 
 @dataclass
 class Context:
+    """What every rule reads: the diagnosis, the calibrated model and the memory model."""
+
     d: Diagnosis
     cal: Optional[Calibration]
     step_s: Optional[float]

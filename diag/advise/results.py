@@ -27,6 +27,8 @@ class Evidence:
 
 @dataclass
 class Recommendation:
+    """One configuration change, with its predicted step time and memory."""
+
     rule: str                          # bubble | dp_overlap | dp_bucket | tp_layout | cp_down | micro_batch | rebalance | bf16 | straggler
                                        # | <axis>_exposed (unpriced: the model could not be calibrated)
     title: str                         # one line: the change, in words

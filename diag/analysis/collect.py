@@ -26,12 +26,16 @@ from .summary_file import SUFFIX
 
 @dataclass
 class Item:
+    """One rank's files: its trace, its summary, or both."""
+
     trace: Optional[str]              # the trace file, when present
     summary: Optional[str]            # its summary file, when present
 
 
 @dataclass
 class Got:
+    """One rank as read: its summary, or the problem, and from where."""
+
     path: str
     summary: Optional[RankSummary] = None
     problem: Optional[str] = None

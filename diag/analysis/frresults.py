@@ -11,6 +11,8 @@ from typing import Optional
 
 @dataclass
 class FRWaiter:
+    """A rank waiting in a collective, and since when."""
+
     rank: int
     since_ns: int                     # host clock (ns since the epoch) when it entered the collective
 
@@ -100,6 +102,8 @@ class FRLate:
 
 @dataclass
 class FlightRecord:
+    """What the Flight Recorder dumps of a job show."""
+
     files: list[str]
     ranks: list[int]                  # ranks with a readable dump
     entries: int

@@ -44,6 +44,8 @@ NS = 1e-9
 
 @dataclass
 class Segment:
+    """One span of a stage's step in the pipeline chart."""
+
     kind: str                          # one of KINDS
     start_s: float                     # from the step's start
     end_s: float
@@ -67,6 +69,8 @@ class StageStep:
 
 @dataclass
 class PipelineGantt:
+    """The pipeline chart: one row per stage and step."""
+
     timeline: str                      # "gpu" | "host"
     rows: list[StageStep] = field(default_factory=list)
     # the same step of every other rank of each stage (tp/dp > 0): a viewer may show any rank of

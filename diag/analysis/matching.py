@@ -28,6 +28,8 @@ INFERRED_GROUP = "*"
 
 @dataclass
 class Matched:
+    """Per instance of a rank's collectives: its transfer, its wait, and whether it came last."""
+
     transfer_ns: np.ndarray   # per instance: shortest duration in its match, -1 unmatched
     wait_ns: np.ndarray       # per instance: duration - transfer, 0 unmatched
     last: np.ndarray          # per instance: this rank arrived last in its match

@@ -49,6 +49,8 @@ class Overlap:
 
 @dataclass
 class StepTime:
+    """One profiler step of a rank: its host and GPU time."""
+
     number: int                       # N of ProfilerStep#N
     host_s: float                     # wall time of the host's step span
     in_window: bool                   # counted in breakdown/overlap
@@ -57,6 +59,8 @@ class StepTime:
 
 @dataclass
 class KernelStat:
+    """One kernel name's count and time on a rank."""
+
     name: str
     kind: str
     count: int
@@ -88,6 +92,8 @@ class HostOps:
 
 @dataclass
 class RankResult:
+    """Everything measured on one rank."""
+
     rank: int
     file: str
     device: Optional[str]
@@ -115,12 +121,16 @@ def steps_in_window(ranks: list[RankResult]) -> int:
 
 @dataclass
 class Problem:
+    """A file not analysed, and why."""
+
     file: str
     problem: str
 
 
 @dataclass
 class Diagnosis:
+    """The job's results: what every view and the recommender read (docs/schema.md)."""
+
     source: str
     world_size: Optional[int]
     backend: Optional[str]
@@ -181,6 +191,8 @@ class CommOpStat:
 
 @dataclass
 class AxisOverlap:
+    """Communication on one parallel axis, and how much of it compute hides."""
+
     axis: str
     comm_s: float                      # per rank
     exposed_s: float                   # per rank
@@ -190,6 +202,8 @@ class AxisOverlap:
 
 @dataclass
 class RankComm:
+    """One rank's communication time, and what of it waited for others."""
+
     rank: int
     comm_s: float
     exposed_s: float
@@ -216,6 +230,8 @@ class StragglerKind(str, enum.Enum):
 
 @dataclass
 class Straggler:
+    """A rank, or a set of ranks, that the others waited for."""
+
     rank: int                          # the member the others waited for most (the only one for kind "rank")
     reason: str                        # in words: "arrives last at collectives", "slow steps", ...
     evidence: str
@@ -238,6 +254,8 @@ class Straggler:
 
 @dataclass
 class CommAnalysis:
+    """The job's collectives: per op, per axis, per rank, and who was waited for."""
+
     ops: list[CommOpStat] = field(default_factory=list)
     axes: list[AxisOverlap] = field(default_factory=list)
     ranks: list[RankComm] = field(default_factory=list)
@@ -294,6 +312,8 @@ class Finding:
 
 @dataclass
 class PipelineStage:
+    """One pipeline stage: its ranks, time and bubble."""
+
     stage: int                         # pp rank
     ranks: list[int]
     bubble_s: Optional[float]          # per step: waiting on pipeline neighbours; None: the trace cannot show it
@@ -305,6 +325,8 @@ class PipelineStage:
 
 @dataclass
 class Pipeline:
+    """The pipeline: its schedule, stages and bubble."""
+
     p: int
     m: Optional[int]                   # micro-batches per step
     v: int                             # virtual stages per rank (1 = not interleaved)
@@ -321,6 +343,8 @@ class Pipeline:
 
 @dataclass
 class Throughput:
+    """Step time, tokens per second and MFU, where known."""
+
     step_time_s: Optional[float]
     gpus: Optional[int]
     tokens_per_step: Optional[float]

@@ -26,6 +26,8 @@ STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 
 @dataclass
 class StepSpans:
+    """A rank's ProfilerStep spans, one row per step."""
+
     number: np.ndarray     # int64 step numbers as written (ProfilerStep#N)
     start_ns: np.ndarray   # host span start
     end_ns: np.ndarray     # host span end

@@ -59,6 +59,8 @@ def _digest(payload: bytes) -> bytes:
 
 @dataclass
 class SummaryFile:
+    """A rank's summary file: its trace's fingerprint and the summary (or why there is none)."""
+
     format: str
     version: int
     trace: str                        # the trace's path when the summary was made

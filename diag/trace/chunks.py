@@ -42,6 +42,8 @@ UNREADABLE = "items of traceEvents that are no readable event (not an object, or
 
 @dataclass
 class ChunkCols:
+    """One chunk's events as columns, with its own local names and threads."""
+
     names: list                       # local symbol table: local name id -> string
     threads: list                     # local thread index -> (pid, tid)
     cols: dict                        # column -> array (name and thread hold local ids)

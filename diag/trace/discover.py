@@ -58,6 +58,8 @@ class Found:
 
 @dataclass
 class _Candidate:
+    """A folder under the path given that holds rank traces or summaries."""
+
     directory: str
     rel: str
     traces: list[str]

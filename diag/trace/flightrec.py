@@ -58,6 +58,8 @@ class FREntry:
 
 @dataclass
 class FRDump:
+    """One rank's Flight Recorder dump, as read."""
+
     path: str
     rank: int
     version: str

@@ -35,12 +35,16 @@ MISSING_LISTED = 4096              # missing ranks listed by number (Job.missing
 
 @dataclass
 class FileProblem:
+    """A file of the job that could not be read, and why."""
+
     path: str
     problem: str
 
 
 @dataclass
 class Job:
+    """The ranks of one run, as loaded, and the files that could not be."""
+
     source: str
     ranks: list[RankTrace]
     problems: list[FileProblem] = field(default_factory=list)

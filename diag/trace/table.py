@@ -19,6 +19,8 @@ from .symbols import SymbolTable
 
 @dataclass
 class EventTable:
+    """One rank's events as columns (one row per event)."""
+
     ts_ns: np.ndarray          # int64, start relative to t0_us
     dur_ns: np.ndarray         # int64, >= 0
     kind: np.ndarray           # int8, Kind
