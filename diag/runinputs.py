@@ -155,11 +155,17 @@ def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[
     from .advise.recommend import with_advice     # after the analysis in the layers: analysis never imports it
     from .analysis import diagnose
     from .analysis.collect import load_summaries
-    from .analysis.flightrec import dumps_only, flight_record
     from .trace.errors import TraceError
+    from .trace.flightrec import dump_files
 
-    # Flight Recorder dumps, alone or beside traces; their groups named by the layout given as for the traces
-    fr, fr_problems = flight_record(path, inputs.strict, inputs.sizes, inputs.config)
+    # Flight Recorder dumps, alone or beside traces; their groups named by the layout given as for the
+    # traces. Their analysis is imported only where there are some (~5 ms of imports otherwise).
+    if dump_files(path):
+        from .analysis.flightrec import dumps_only, flight_record
+
+        fr, fr_problems = flight_record(path, inputs.strict, inputs.sizes, inputs.config)
+    else:
+        fr, fr_problems = None, []
     try:
         job = load_summaries(path, progress=progress, strict=inputs.strict, top_n=inputs.top,
                              use_summaries=inputs.use_summaries, iteration=inputs.iteration)

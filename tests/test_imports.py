@@ -77,6 +77,7 @@ def test_analyze_reads_before_heavy_imports_and_never_loads_renderers(tmp_path):
     # stdlib modules a single trace does not need (~15 ms between them): multiprocessing (its
     # workers are forked with a pipe), hashlib and socket (summaries), tempfile (big gzip spills)
     assert loaded(got["end"], ("multiprocessing", "hashlib", "socket")) == []
+    assert loaded(got["end"], ("diag.analysis.flightrec", "diag.analysis.frresults")) == []   # no dump here
     assert "numpy" in got["end"]             # the check can fail: the analysis did import it after
 
 
