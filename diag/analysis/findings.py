@@ -66,7 +66,7 @@ def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Find
         _rest_of_exposed(ranks, comm, n, add)
         for s in comm.stragglers:
             if s.basis == StragglerBasis.COLLECTIVES and s.others_wait_s is not None:
-                add(f"waiting for {s.who}", s.others_wait_s / n, s.evidence + " (this wait is part of the "
-                    "communication time above)", FindingKind.STRAGGLER, s.ranks)
+                add(f"waiting for {s.who}", s.others_wait_s / n, s.evidence + " (mean over the ranks that "
+                    "waited; this wait is part of their communication time)", FindingKind.STRAGGLER, s.ranks)
     out.sort(key=lambda f: -f.seconds_per_step)
     return out

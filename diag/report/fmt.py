@@ -74,7 +74,8 @@ def finding_rows(d: Diagnosis) -> list[list[str]]:
 
 
 FINDING_HEADER = ["where the time goes", "ms/step", "% step"]
-FINDING_LEGEND = ("ms/step: mean over ranks; the communication rows add up to the ranks' mean exposed "
+FINDING_LEGEND = ("ms/step: mean over ranks (a \"waiting for\" row: over the ranks that waited, what their "
+                  "step would shorten by); the communication rows add up to the ranks' mean exposed "
                   "communication (exp ms per rank below); % step: of the median step time")
 GANTT_LEGEND = ("gaps: the time of this one step with neither compute nor exposed communication on the "
                 "rank's timeline; the breakdown's idle% counts only time outside every operator over the "
