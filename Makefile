@@ -27,7 +27,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch is pinned to 2.13.0 in the `trainer` extra: unpinned it pulls GBs of CUDA wheels.
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	@# editable_mode=compat: the checkout as a path entry (.pth), not setuptools' import finder,
+	@# which cost every Python start here 10-15 ms (pathlib and more) that a user's install never pays.
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]' --config-settings editable_mode=compat
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

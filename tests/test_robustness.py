@@ -75,15 +75,27 @@ def test_unknown_categories_phases_and_args_are_not_fatal(tmp_path):
     assert any("duration" in n for n in r.notes)                      # the list-valued dur is reported
 
 
+# The one unpickling: a chunk's columns sent back by diag's own forked decode worker
+# (trace/chunks.py `_gathered`), through a pipe only the two processes hold, as multiprocessing's
+# Connection.recv does for a Pool; trace content is in it only as the values of strings and arrays
+# that diag's own pickling wrote, never as opcodes. Flight Recorder pickles go through
+# trace/flightrec.py's restricted unpickler, which this pattern does not match.
+UNPICKLED_HERE = {("chunks.py", "pickle.load(f)")}
+
+
 def test_no_eval_pickle_or_shell_on_trace_content():
     """The analyser never hands trace content to eval/exec/pickle/a shell."""
     import re
-    bad = re.compile(r"\b(eval|exec)\(|pickle\.loads?|shell=True|os\.system\(")
+    bad = re.compile(r"\b(eval|exec)\(|pickle\.loads?(\(\w*\))?|shell=True|os\.system\(")
+    seen = []
     for dirpath, _, files in os.walk(os.path.join(ROOT, "diag")):
         for f in files:
             if f.endswith(".py"):
                 src = open(os.path.join(dirpath, f)).read()
-                assert not bad.search(src), f
+                for m in bad.finditer(src):
+                    assert (f, m.group(0)) in UNPICKLED_HERE, (f, m.group(0))
+                    seen.append((f, m.group(0)))
+    assert sorted(seen) == sorted(UNPICKLED_HERE)      # each exception is still needed, and used once
 
 
 def test_implausible_rank_or_world_size_is_unknown_not_a_crash(tmp_path):

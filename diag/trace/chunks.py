@@ -294,7 +294,7 @@ def _gathered(f) -> Iterator[tuple]:
     cut short by a worker's death is not one (the parent decodes that chunk itself)."""
     while True:
         try:
-            yield pickle.load(f)
+            yield pickle.load(f)          # our own worker's pickle (tests/test_robustness.py: the one exception)
         except Exception:                 # EOFError at the end; a truncated pickle where it died
             return
 
