@@ -96,3 +96,18 @@ def pytest_terminal_summary(terminalreporter):
                                     f"({r['coverage']} edges, corpus {r['corpus']}): {r['diagnosed']} diagnosed, "
                                     f"{r['rejected']} rejected with a clear error, "
                                     "0 crashes, 0 hangs, 0 out-of-memory")
+
+
+@pytest.fixture
+def dev_null_kept():
+    """For the tests that write to /dev/null through a command: if the command under test turned
+    it into a regular file (as root, a temporary renamed over it did), it is made the device again
+    before the test fails, so that a regression does not leave the machine without /dev/null."""
+    import stat
+
+    yield os.devnull
+    if not stat.S_ISCHR(os.stat(os.devnull).st_mode) and os.geteuid() == 0:
+        os.remove(os.devnull)
+        os.mknod(os.devnull, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(os.devnull, 0o666)
+        pytest.fail("/dev/null was replaced by a regular file (made the device again)")

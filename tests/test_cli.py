@@ -106,7 +106,7 @@ def test_analyser_runs_without_torch(tmp_path):
     assert "Temporal breakdown" in p.stdout
 
 
-def test_output_to_dev_null_or_a_fifo_is_written_in_place(tmp_path):
+def test_output_to_dev_null_or_a_fifo_is_written_in_place(tmp_path, dev_null_kept):
     """`-o /dev/null` and `--timeline` to a device or a FIFO write into it, as a shell's `>` does.
     They went through a temporary renamed over the target: as root that turned /dev/null into a
     regular file holding the report (the benchmarks' `--output /dev/null` did it on every run);

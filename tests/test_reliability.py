@@ -358,6 +358,30 @@ def test_no_writer_follows_a_planted_temporary_name(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == sorted(["victim.txt", "run", "targets.json", f"targets.json.tmp{os.getpid()}"])
 
 
+
+def test_targets_file_to_a_device_or_fifo_is_written_in_place(tmp_path, dev_null_kept):
+    """targets.py -o /dev/null or a FIFO writes into it (a temporary renamed over it made
+    /dev/null a regular file as root, and failed for anyone else)."""
+    import stat
+    import threading
+
+    script = os.path.join(ROOT, "dashboards", "prometheus", "targets.py")
+    run = lambda out: subprocess.run([sys.executable, script, "hosts", "node1", "--ranks-per-node", "2",  # noqa: E731
+                                      "-o", out], capture_output=True, text=True, timeout=60)
+    p = run(os.devnull)
+    assert p.returncode == 0, p.stderr
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    fifo = str(tmp_path / "sd.fifo")
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    assert run(fifo).returncode == 0
+    reader.join(30)
+    assert json.loads(got[0])[0]["targets"] == ["node1:9700", "node1:9701"]
+    assert os.listdir(tmp_path) == ["sd.fifo"]
+
+
 # --- 7. claimed sizes never drive work -------------------------------------------------------
 def _two_ranks(folder, world, meta=None):
     from kineto import TraceBuilder

@@ -89,6 +89,10 @@ def write_atomic(path: str, groups: list[dict]) -> None:
     if path == "-":
         sys.stdout.write(text)
         return
+    if os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path)):
+        with open(path, "w", encoding="utf-8") as f:      # /dev/stdout, a FIFO: in place, as `>` would
+            f.write(text)
+        return
     # an exclusive temporary (mkstemp) renamed over path: a link planted at a predictable
     # temporary name is never followed, and Prometheus never reads half a file
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=f".{os.path.basename(path)}.",
