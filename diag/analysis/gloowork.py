@@ -71,15 +71,41 @@ def link(rt: RankTrace, window_rows: np.ndarray, rows: np.ndarray) -> GlooWork:
 
 
 def _issued(t, issuer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per transfer: the span of the call that issued it on its issuer's thread: the functional
-    collective around the c10d op (DTensor's), else the c10d op itself; lo == hi none."""
+    """Per transfer: the span of the call that issued it on its issuer's thread: the outermost
+    functional collective around the c10d op (DTensor's), else the c10d op itself; lo == hi none."""
     lo, hi = np.zeros(issuer.size, np.int64), np.zeros(issuer.size, np.int64)
     paired = np.flatnonzero(issuer >= 0)
     ops = issuer[paired]
-    outer = enclosing(t, t.ts_ns[ops], t.thread[ops], FUNCOL_RE.match, kinds=(Kind.CPU_OP,))
-    call = np.where(outer >= 0, outer, ops)
+    inner = enclosing(t, t.ts_ns[ops], t.thread[ops], FUNCOL_RE.match, kinds=(Kind.CPU_OP,))
+    call = ops.copy()
+    call[inner >= 0] = _outermost(t, inner[inner >= 0], FUNCOL_RE.match)
     lo[paired], hi[paired] = t.ts_ns[call], t.end_ns[call]
     return lo, hi
+
+
+def _outermost(t, rows: np.ndarray, match) -> np.ndarray:
+    """Each row (one matching `match`), or the outermost row matching it on its thread that
+    contains it. Functional collectives nest: under a Python dispatch mode (DTensor's
+    redistribution runs one), the program's `_c10d_functional::all_reduce` dispatches the op again
+    inside itself, and the outer call's own time (hundreds of µs on a CPU) is the issuing too."""
+    out = rows.copy()
+    cand = np.flatnonzero(t.name_mask(match) & t.mask(Kind.CPU_OP))
+    for th in distinct(t.thread[rows]):
+        c = cand[t.thread[cand] == th]
+        if c.size == 0:
+            continue
+        c = c[np.lexsort((-t.end_ns[c], t.ts_ns[c]))]           # by start; of two, the longer first
+        ends = t.end_ns[c]
+        opened = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], ends[:-1])))
+        top = np.maximum.accumulate(np.where(t.ts_ns[c] >= opened, np.arange(c.size), 0))   # its outermost
+        sel = np.flatnonzero(t.thread[rows] == th)
+        by_row = np.argsort(c)
+        pos = by_row[np.minimum(np.searchsorted(c[by_row], rows[sel]), c.size - 1)]   # its place in c
+        found = c[pos] == rows[sel]
+        up = c[top[pos]]
+        ok = found & (t.ts_ns[up] <= t.ts_ns[rows[sel]]) & (t.end_ns[up] >= t.end_ns[rows[sel]])
+        out[sel[ok]] = up[ok]
+    return out
 
 
 def comm_column(comm_rows: np.ndarray, col: np.ndarray, rows: np.ndarray) -> np.ndarray:
