@@ -122,7 +122,7 @@ def test_output_to_dev_null_or_a_fifo_is_written_in_place(tmp_path, dev_null_kep
     fifo = str(tmp_path / "report.fifo")
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)   # never blocks the exit
     reader.start()
     p = diag("analyze", trace, "--format", "json", "-o", fifo)
     reader.join(60)

@@ -374,7 +374,7 @@ def test_targets_file_to_a_device_or_fifo_is_written_in_place(tmp_path, dev_null
     fifo = str(tmp_path / "sd.fifo")
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)   # never blocks the exit
     reader.start()
     assert run(fifo).returncode == 0
     reader.join(30)
