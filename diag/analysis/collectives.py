@@ -54,6 +54,9 @@ class RankComms:
     # [issued_lo, issued_hi): the call on the issuing thread that issued it (lo == hi none)
     issued_lo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     issued_hi: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # [wrapped_lo, wrapped_hi): DTensor's funcol wrapping that call's output (lo == hi none)
+    wrapped_lo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    wrapped_hi: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # the trace file's ts (us) of start_ns 0: maps these times back onto the rank's own file
     clock0_us: float = 0.0
     # per instance, the id of its match across its group (analysis.matching), set by the job-level
@@ -65,9 +68,11 @@ class RankComms:
 
     def windows(self, sel=slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi), one row per selected instance: its span, the time its issuer blocked waiting
-        for it, and the call that issued it (empty windows where there is none)."""
+        for it, the call that issued it and the wrap of that call's output (empty windows where
+        there is none)."""
         lo, hi = [self.start_ns[sel]], [self.start_ns[sel] + self.dur_ns[sel]]
-        for a, b in ((self.blocked_lo, self.blocked_hi), (self.issued_lo, self.issued_hi)):
+        for a, b in ((self.blocked_lo, self.blocked_hi), (self.issued_lo, self.issued_hi),
+                     (self.wrapped_lo, self.wrapped_hi)):
             if a.size:
                 lo.append(a[sel])
                 hi.append(b[sel])
@@ -326,7 +331,9 @@ def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute,
                    blocked_lo=work.blocked_lo if work else np.zeros(n, np.int64),
                    blocked_hi=work.blocked_hi if work else np.zeros(n, np.int64),
                    issued_lo=work.issued_lo if work else np.zeros(n, np.int64),
-                   issued_hi=work.issued_hi if work else np.zeros(n, np.int64), clock0_us=float(t.t0_us))
+                   issued_hi=work.issued_hi if work else np.zeros(n, np.int64),
+                   wrapped_lo=work.wrapped_lo if work else np.zeros(n, np.int64),
+                   wrapped_hi=work.wrapped_hi if work else np.zeros(n, np.int64), clock0_us=float(t.t0_us))
     rc.exposed_ns = _exposed_each(rc)
     return rc
 

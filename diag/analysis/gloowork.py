@@ -34,6 +34,7 @@ from .hostlink import enclosing
 ISSUE_RE = re.compile(r"^c10d::")
 FUNCOL_RE = re.compile(r"^_?c10d_functional(_autograd)?::(?!wait_tensor|_wrap)")
 WAIT_RE = re.compile(r"^_?c10d_functional(_autograd)?::wait_tensor$")
+WRAP_RE = re.compile(r"^_?c10d_functional(_autograd)?::_wrap_tensor_autograd$")
 FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.)")
 P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
 REWAIT_NS = 100_000   # a second wait on one tensor this soon after the first is the same blocking
@@ -50,6 +51,8 @@ class GlooWork:
     blocked_hi: np.ndarray
     issued_lo: np.ndarray    # int64 [lo, hi): the call that issued it (a functional collective, else the
     issued_hi: np.ndarray    # c10d op), where the issuing thread is in communication too; lo == hi none
+    wrapped_lo: np.ndarray   # int64 [lo, hi): funcol's wrap of that call's output (_wrap_tensor_autograd)
+    wrapped_hi: np.ndarray   # right after it on the issuing thread; lo == hi none
 
 
 def link(rt: RankTrace, window_rows: np.ndarray, rows: np.ndarray) -> GlooWork:
@@ -65,22 +68,53 @@ def link(rt: RankTrace, window_rows: np.ndarray, rows: np.ndarray) -> GlooWork:
                       comm_column(c.row, c.in_nelems, ops), t.ts_ns[ops])
     issuer[worker[pick >= 0]] = ops[pick[pick >= 0]]
     lo, hi = _blocked(rt, window_rows, issuer)
-    ilo, ihi = _issued(t, issuer)
+    ilo, ihi, wlo, whi = _issued(t, issuer)
     return GlooWork(lane=lane, issuer=issuer, fsdp=_by_fsdp(t, issuer), blocked_lo=lo, blocked_hi=hi,
-                    issued_lo=ilo, issued_hi=ihi)
+                    issued_lo=ilo, issued_hi=ihi, wrapped_lo=wlo, wrapped_hi=whi)
 
 
-def _issued(t, issuer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _issued(t, issuer: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per transfer: the span of the call that issued it on its issuer's thread: the outermost
-    functional collective around the c10d op (DTensor's), else the c10d op itself; lo == hi none."""
+    functional collective around the c10d op (DTensor's), else the c10d op itself; and the span of
+    funcol's wrap of that call's output (the first `_wrap_tensor_autograd` on the thread to start
+    after the call, within REWAIT_NS: funcol wraps what the op returns at once). (lo, hi, wrap lo,
+    wrap hi); lo == hi none."""
     lo, hi = np.zeros(issuer.size, np.int64), np.zeros(issuer.size, np.int64)
+    wlo, whi = np.zeros(issuer.size, np.int64), np.zeros(issuer.size, np.int64)
     paired = np.flatnonzero(issuer >= 0)
     ops = issuer[paired]
     inner = enclosing(t, t.ts_ns[ops], t.thread[ops], FUNCOL_RE.match, kinds=(Kind.CPU_OP,))
+    funcol = inner >= 0
     call = ops.copy()
-    call[inner >= 0] = _outermost(t, inner[inner >= 0], FUNCOL_RE.match)
+    call[funcol] = _outermost(t, inner[funcol], FUNCOL_RE.match)
     lo[paired], hi[paired] = t.ts_ns[call], t.end_ns[call]
-    return lo, hi
+    wrap = _wrap_of(t, call, funcol)
+    got = wrap >= 0
+    wlo[paired[got]], whi[paired[got]] = t.ts_ns[wrap[got]], t.end_ns[wrap[got]]
+    return lo, hi, wlo, whi
+
+
+def _wrap_of(t, calls: np.ndarray, funcol: np.ndarray) -> np.ndarray:
+    """Per call (a functional collective where funcol), the row of the wrap of its output: the
+    first `_wrap_tensor_autograd` on its thread to start at its end or after, within REWAIT_NS
+    (the outer one, where wraps nest as the calls do); -1 none."""
+    out = np.full(calls.size, -1, np.int64)
+    wraps = np.flatnonzero(t.name_mask(WRAP_RE.match) & t.mask(Kind.CPU_OP))
+    if wraps.size == 0 or not funcol.any():
+        return out
+    for th in distinct(t.thread[calls[funcol]]):
+        mine = wraps[t.thread[wraps] == th]
+        if mine.size == 0:
+            continue
+        mine = mine[np.lexsort((-t.end_ns[mine], t.ts_ns[mine]))]        # by start; of two, the longer first
+        sel = np.flatnonzero(funcol & (t.thread[calls] == th))
+        end = t.end_ns[calls[sel]]
+        j = np.searchsorted(t.ts_ns[mine], end, side="left")
+        ok = j < mine.size
+        w = mine[np.minimum(j, mine.size - 1)]
+        ok &= t.ts_ns[w] - end <= REWAIT_NS
+        out[sel[ok]] = w[ok]
+    return out
 
 
 def _outermost(t, rows: np.ndarray, match) -> np.ndarray:

@@ -32,7 +32,8 @@ _TOL = 1e-6
 # is 146 years, far past any clock a trace holds, so a time past it is damage (it would overflow
 # or wrap the merge's int64 arithmetic).
 _TIME_MAX_NS = 1 << 62
-_TIME_ARRAYS = {"blocked_lo", "blocked_hi", "issued_lo", "issued_hi", "wait_lo", "wait_hi", "interval"}
+_TIME_ARRAYS = {"blocked_lo", "blocked_hi", "issued_lo", "issued_hi", "wrapped_lo", "wrapped_hi", "wait_lo", "wait_hi",
+                "interval"}
 
 
 def check_values(path: str, s) -> None:
