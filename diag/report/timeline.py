@@ -21,7 +21,6 @@ import contextlib
 import gzip
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -30,7 +29,7 @@ import numpy as np
 from ..analysis.results import Diagnosis
 from ..analysis.summary_file import SUFFIX
 from ..trace.errors import TraceError
-from ..trace.safeio import special
+from ..trace.safeio import atomic_open, special
 from .timeline_events import copy_rank, thread_metadata
 from .timeline_marks import findings_marks, rank_name
 
@@ -168,10 +167,10 @@ def _header(d: Diagnosis, ranks: list[int]) -> list[dict]:
 
 
 @contextlib.contextmanager
-def _opened(fd: int, out: str):
-    """The temporary file to write, gzip-compressed when `out` ends in .gz (Perfetto and
-    chrome://tracing open both; a job's timeline is about as big as its traces)."""
-    with os.fdopen(fd, "wb", buffering=1 << 20) as raw:
+def _opened(out: str):
+    """The file to write (safeio.atomic_open), gzip-compressed when `out` ends in .gz (Perfetto
+    and chrome://tracing open both; a job's timeline is about as big as its traces)."""
+    with atomic_open(out, buffering=1 << 20) as raw:
         if not out.endswith(".gz"):
             yield raw
             return
@@ -180,9 +179,8 @@ def _opened(fd: int, out: str):
 
 
 def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str], None]] = None) -> Written:
-    """Write the job's timeline to `out` (through a new temporary file beside it, then renamed:
-    a failed write leaves no half file; a device or a FIFO is written in place, as safeio's
-    atomic_write does). Raises TraceError for a rank without its trace, OSError when `out` cannot
+    """Write the job's timeline to `out` (safeio.atomic_open: through a new temporary file beside
+    it, then renamed, so a failed write leaves no half file; a device or a FIFO in place). Raises TraceError for a rank without its trace, OSError when `out` cannot
     be written."""
     traces = traces_of(job, out)
     ranks = sorted(traces)
@@ -193,39 +191,26 @@ def write_timeline(out: str, d: Diagnosis, job, progress: Optional[Callable[[str
     plan = flow_plan([comms_of[r] for r in ranks], stride)
     marks = findings_marks(d, comms_of, stride - 1, shift)
     w = Written(path=out, offsets_ns=offsets, aligned=aligned, marks=len(marks.events), note=note)
-    if special(out):
-        fd, tmp = os.open(out, os.O_WRONLY | os.O_NOCTTY), None
-    else:
-        fd, tmp = tempfile.mkstemp(prefix=".timeline.", suffix=".partial", dir=os.path.dirname(os.path.abspath(out)))
-    try:
-        with _opened(fd, out) as f:
-            first = [True]
+    with _opened(out) as f:
+        first = [True]
 
-            def write(b: bytes) -> None:
-                f.write(b if first[0] else b",\n" + b)
-                first[0] = False
-            f.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
-            for e in _header(d, ranks) + marks.metadata() + marks.events:
+        def write(b: bytes) -> None:
+            f.write(b if first[0] else b",\n" + b)
+            first[0] = False
+        f.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
+        for e in _header(d, ranks) + marks.metadata() + marks.events:
+            write(json.dumps(e).encode())
+        for k, r in enumerate(ranks):
+            copied, meta = copy_rank(traces[r], r, shift(r), stride, write,
+                                     _flows_at(r, comms_of[r].clock0_us, plan.get(r, {})))
+            for e in thread_metadata(r, copied, meta):
                 write(json.dumps(e).encode())
-            for k, r in enumerate(ranks):
-                copied, meta = copy_rank(traces[r], r, shift(r), stride, write,
-                                         _flows_at(r, comms_of[r].clock0_us, plan.get(r, {})))
-                for e in thread_metadata(r, copied, meta):
-                    write(json.dumps(e).encode())
-                w.ranks[r], w.not_found[r] = copied, len(plan.get(r, {}))   # the plan's entries are popped when found
-                if progress:
-                    missed = f" ({w.not_found[r]} not found in the file)" if w.not_found[r] else ""
-                    progress(f"timeline: rank {r} ({k + 1}/{len(ranks)}): {copied.events:,} events, "
-                             f"{copied.flows_placed:,} collectives linked{missed}")
-            f.write(b"\n],\n" + json.dumps({"diag": _metadata(d, w, marks, traces)}).encode()[1:] + b"\n")
-        if tmp is not None:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)          # as open() would make it: mkstemp's is owner-only
-            os.replace(tmp, out)
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
+            w.ranks[r], w.not_found[r] = copied, len(plan.get(r, {}))   # the plan's entries are popped when found
+            if progress:
+                missed = f" ({w.not_found[r]} not found in the file)" if w.not_found[r] else ""
+                progress(f"timeline: rank {r} ({k + 1}/{len(ranks)}): {copied.events:,} events, "
+                         f"{copied.flows_placed:,} collectives linked{missed}")
+        f.write(b"\n],\n" + json.dumps({"diag": _metadata(d, w, marks, traces)}).encode()[1:] + b"\n")
     return w
 
 

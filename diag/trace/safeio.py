@@ -18,7 +18,7 @@ import contextlib
 import fcntl
 import os
 import stat
-from typing import Iterable, Iterator, Optional, Union
+from typing import BinaryIO, Iterable, Iterator, Optional, Union
 
 from .errors import TraceError
 
@@ -109,24 +109,30 @@ def special(path: str) -> bool:
 
 
 def atomic_write(path: str, data: Union[bytes, str]) -> None:
-    """Write `data` to `path` through an exclusively created temporary in the same directory,
-    renamed over it: never half a file under `path`, never a planted name followed. A device or a
-    FIFO (`-o /dev/null`) is written in place."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
+    """Write `data` to `path` (atomic_open): never half a file under `path`, never a planted name
+    followed; a device or a FIFO (`-o /dev/null`) is written in place."""
+    with atomic_open(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, buffering: int = -1) -> Iterator[BinaryIO]:
+    """A binary file to write `path`'s content into: an exclusively created temporary in the same
+    directory, renamed over `path` when the block ends without error and removed when it does not.
+    A device or a FIFO (`-o /dev/null`, /dev/stdout) is written in place, as a shell's `>` would."""
     if special(path):
         fd = os.open(path, os.O_WRONLY | os.O_NOCTTY)        # no O_CREAT: it is there, and stays what it is
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "wb", buffering=buffering) as f:
+            yield f
         return
     import tempfile                   # here: ~4 ms to import, for the runs that write a file
 
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".partial")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb", buffering=buffering) as f:
             os.fchmod(f.fileno(), _umask_mode())       # mkstemp's 0600 is for the temporary only
-            f.write(data)
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
