@@ -70,6 +70,51 @@ def spread(samples) -> float:
     return float((q75 - q25) / q50) if q50 > 0 else float("inf")
 
 
+class OtherWork:
+    """`with OtherWork() as w: ...`, then `w.share`: the CPU the rest of the machine used while the
+    block ran, as a share of all its cores (0.0 quiet, 1.0 every core busy with other work).
+
+    The machine's busy time from /proc/stat (user, nice, system, irq, softirq, and steal: a
+    hypervisor's other guests) less this process's and its waited-for descendants' own CPU time
+    (getrusage). A steady load, such as two CPU burners beside a run, can leave a run's own step
+    times even (a small spread) while shifting what the run measures; this sees it. `share` is
+    None where /proc/stat is missing (not Linux): the caller's other noise measure stands alone."""
+
+    share: float | None = None
+
+    @staticmethod
+    def _busy_s() -> float | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_s() -> float:
+        import resource
+
+        r = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        return sum(u.ru_utime + u.ru_stime for u in r)
+
+    def __enter__(self):
+        import time
+
+        self._t, self._busy, self._own = time.monotonic(), self._busy_s(), self._own_s()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+
+        wall, busy = time.monotonic() - self._t, self._busy_s()
+        if busy is not None and self._busy is not None and wall > 0:
+            other = (busy - self._busy) - (self._own_s() - self._own)
+            self.share = max(0.0, other / (wall * (os.cpu_count() or 1)))
+        return False
+
+
 def timing_verdict(ok: bool, noise: float, limit: float, message: str) -> None:
     """A timing check on a machine that may be doing other work: pass when it holds; when it does
     not and the noise measured on the spot is past `limit`, the result is inconclusive (a skip

@@ -8,7 +8,9 @@ while the trainer's step also runs the optimizer and the loss outside it (loweri
 fraction at small m), and its last stage computes the LM head and loss (~7% more than
 stage 0 here), which makes stage 0 wait at every micro-batch (raising it at large m).
 Measured on this machine, quiet: m=2 0.285-0.304 (ideal 0.333), m=8 0.111-0.177 (ideal 0.111),
-three runs each; with other jobs loading the same two cores, m=2 went as low as 0.22.
+three runs each; with other jobs loading the same two cores, m=2 went as low as 0.19 while
+the step times stayed even, so the noise gate also reads the share of the machine's CPU that
+other work took during each run (conftest.OtherWork).
 """
 import gzip
 import json
@@ -19,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, analysis, comparable, spread, timing_verdict
+from conftest import ROOT, OtherWork, analysis, comparable, spread, timing_verdict
 from diag.analysis import diagnose
 from diag.trace import load_job
 
@@ -37,9 +39,17 @@ def train(out: str, m: int) -> str:
     return out
 
 
+OTHER_WORK: dict[int, float | None] = {}   # m -> the share of the machine other work took during its run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return {m: train(str(tmp_path_factory.mktemp(f"pp2_m{m}")), m) for m in (2, 8)}
+    out = {}
+    for m in (2, 8):
+        with OtherWork() as w:
+            out[m] = train(str(tmp_path_factory.mktemp(f"pp2_m{m}")), m)
+        OTHER_WORK[m] = w.share
+    return out
 
 
 def bubble(path: str) -> tuple[float, float]:
@@ -49,17 +59,23 @@ def bubble(path: str) -> tuple[float, float]:
     return float(np.mean(fractions)), d.pipeline.ideal_fraction
 
 
-def _noise(path: str) -> float:
-    """Spread of the run's own unprofiled step times: what other work on the machine did to it."""
+def _noise(m: int, path: str) -> float:
+    """What other work on the machine did to run m: the spread of its own unprofiled step times,
+    or the share of the machine's CPU the rest of it used meanwhile, whichever is larger. Two CPU
+    burners beside the runs kept the step spread under 10% and still moved m=2's bubble from
+    ~0.30 to 0.19: the stages' waits shift when a third and fourth process take turns on the
+    cores, evenly from step to step."""
     steps = [json.loads(x)["step_seconds"] for x in open(os.path.join(path, "steps.jsonl")).read().split()]
-    return spread(steps[1:])
+    return max(spread(steps[1:]), OTHER_WORK.get(m) or 0.0)
 
 
 def test_bubble_follows_the_ideal_as_m_changes(runs):
     b2, ideal2 = bubble(runs[2])
     b8, ideal8 = bubble(runs[8])
     assert ideal2 == pytest.approx(1 / 3) and ideal8 == pytest.approx(1 / 9)     # exact
-    noise = max(_noise(runs[2]), _noise(runs[8]))
+    noise = max(_noise(2, runs[2]), _noise(8, runs[8]))
+    print(f"\nbubble m=2 {b2:.3f} (ideal {ideal2:.3f}), m=8 {b8:.3f} (ideal {ideal8:.3f}); "
+          f"other work {OTHER_WORK}, noise {noise:.1%}")
     timing_verdict(b2 > b8 * 1.3, noise, 0.10, f"bubble at m=2 {b2:.3f} not above m=8's {b8:.3f} x 1.3")
     timing_verdict(abs(b2 - ideal2) <= TOL, noise, 0.10, f"m=2 bubble {b2:.3f} vs ideal {ideal2:.3f}")
     timing_verdict(abs(b8 - ideal8) <= TOL, noise, 0.10, f"m=8 bubble {b8:.3f} vs ideal {ideal8:.3f}")
