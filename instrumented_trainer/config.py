@@ -230,7 +230,7 @@ class TelemetryConfig:
     trace_summary: bool = True  # each rank summarises its trace (`diag summarize`) when written
     metrics: bool = True
     metrics_interval: float = 1.0
-    comm_log: bool = True
+    comm_log: bool = False  # comm-rank-<r>.jsonl: the tap in every step (telemetry/commtap.TapSwitch)
     prometheus_port: int = 0  # 0: no exporter; else local rank r serves on prometheus_port + r
     prometheus_addr: str = "127.0.0.1"  # bind address: loopback unless asked otherwise
     prometheus_job: str = ""  # the `job` label; empty: the --out directory's name

@@ -31,7 +31,7 @@ from instrumented_trainer.parallel.pipeline import Pipeline, build_pipeline
 from instrumented_trainer.parallel.tensor_parallel import apply_tensor_parallel
 from instrumented_trainer.telemetry import memory, run_metadata
 from instrumented_trainer.telemetry.comm import CommLog
-from instrumented_trainer.telemetry.commtap import comm_tap
+from instrumented_trainer.telemetry.commtap import TapSwitch
 from instrumented_trainer.telemetry.heartbeat import Heartbeat
 from instrumented_trainer.telemetry.metrics import MetricsSampler
 from instrumented_trainer.telemetry.profiler import ProfilerSession
@@ -145,15 +145,20 @@ def train(job: JobConfig) -> list[float]:
     live = (start_live_metrics(job, rank, coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
     heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
-    tapped = tel.comm_log or tel.profile or bool(tel.prometheus_port)
+    # the tap's per-op cost is paid only where its output is read: every step for the comm log and
+    # the live exporter, else the profiler's warmup and active steps (the trace's labels)
+    profiled = (range(tel.profile_wait, tel.profile_wait + tel.profile_warmup + tel.profile_active)
+                if tel.profile else range(0))
     stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
     window, held = memory_window(job, runtime), {}
     with sampler, ProfilerSession(tel, rank, runtime.cuda,
                                   persistent=lambda: memory.persistent_bytes(s.params, s.optimizer)
                                   ) as profiler, \
-            comm_tap(comm, mesh.axis_groups(), enabled=tapped):
+            TapSwitch(comm, mesh.axis_groups(), always=tel.comm_log or bool(tel.prometheus_port),
+                      steps=profiled) as tap:
         for step in range(job.train.train_iters):
             heartbeat.beat(step)
+            tap.at_step(step)
             comm.step = step
             faults.before_step(step, stall, slow)  # flight recorder tests: off unless --fault-* given
             start = time.perf_counter()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import OtherWork, timing_verdict
 from diag.analysis.benchcurve import load_bench, parse_bench
 from diag.cli import main
 from diag.ports import free_port
@@ -26,6 +27,7 @@ from diag.trace.kinds import Coll
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS5 = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+OTHER_WORK: dict[str, float] = {}   # fixture -> the share of the machine other work took while it ran
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
           "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
@@ -44,11 +46,13 @@ def _collbench(tmp_path, nproc, *args):
 def bench2(tmp_path_factory):
     """2 processes (DP=2) through `diag bench`, so the CLI wiring is tested too."""
     out = tmp_path_factory.mktemp("b2") / "bench.json"
-    res = CliRunner().invoke(main, ["bench", "--nproc", "2", "--min-bytes", "1K",
-                                    "--max-bytes", "64M", "--iters", "10", "--warmup", "3",
-                                    "--ops", OPS5, "--cpu", "-o", str(out)])
+    with OtherWork() as other:
+        res = CliRunner().invoke(main, ["bench", "--nproc", "2", "--min-bytes", "1K",
+                                        "--max-bytes", "64M", "--iters", "10", "--warmup", "3",
+                                        "--ops", OPS5, "--cpu", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output
+    OTHER_WORK["bench2"] = other.share or 0.0
     return json.loads(out.read_text())
 
 
@@ -92,8 +96,14 @@ def test_busbw_rises_then_flattens(bench2, op):
         pytest.skip(f"{op} skipped by the backend")
     sizes, bw = _curve(bench2, "dp", op)
     assert sizes[-1] == 64 << 20
-    assert np.median(bw[-3:]) >= 10 * np.median(bw[:3])                 # rises
-    assert bw[-1] < 2 * bw[-3]                                           # and flattens (may even drop)
+    # timings of one sweep: judged only while the rest of the machine left the sweep its cores
+    # (a load beside it once depressed broadcast's 16 MiB point enough to fail "flattens")
+    noise = OTHER_WORK["bench2"]
+    timing_verdict(np.median(bw[-3:]) >= 10 * np.median(bw[:3]), noise, 0.10,
+                   f"{op}: top three sizes' busbw {np.median(bw[-3:]):.3g} not 10x the bottom three's "
+                   f"{np.median(bw[:3]):.3g}")                               # rises
+    timing_verdict(bw[-1] < 2 * bw[-3], noise, 0.10,
+                   f"{op}: busbw at 64 MiB {bw[-1]:.3g} >= 2x that at 16 MiB {bw[-3]:.3g}")  # and flattens
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_disk_full_while_writing_is_a_warning_and_no_partial_trace(tmp_path):
     victim.write_text("precious")
     os.symlink(victim, out / "rank-0.pt.trace.partial.gz")
     run = run_trainer(out, 2, "--pipeline-model-parallel-size", "2", "--train-iters", "3",
-                      "--profile-wait", "0", "--profile-warmup", "1", "--profile-active", "1")
+                      "--profile-wait", "0", "--profile-warmup", "1", "--profile-active", "1", "--comm-log")
     assert_ok(run)
     assert "[rank 1] warning: telemetry 'profiler export' disabled after error" in run.stderr
     assert "No space left on device" in run.stderr

@@ -20,7 +20,7 @@ from trainer.test_faults import ROOT, _child_with_rank
 
 def _trainer(out, *flags):
     cmd = [sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--no-profile", "--no-metrics",
-           "--out", str(out), *flags]
+           "--comm-log", "--out", str(out), *flags]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -100,7 +100,7 @@ def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
 def test_end_dumps_beside_traces_make_one_report(tmp_path):
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "instrumented_trainer", "--nproc", "2", "--train-iters", "4",
-                          "--profile-wait", "0", "--no-trace-summary", "--out", str(out)], cwd=ROOT,
+                          "--profile-wait", "0", "--no-trace-summary", "--comm-log", "--out", str(out)], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert p.wait(timeout=300) == 0, p.stderr.read()
     r = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(out), "--format", "json"], cwd=ROOT,

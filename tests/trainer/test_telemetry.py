@@ -34,7 +34,7 @@ def profiled_run(tmp_path_factory):
     run = run_trainer(tmp_path_factory.mktemp("profiled"), 8, "--tensor-model-parallel-size",
                       "2", "--pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
                       "--train-iters", "4", "--profile-wait", "1", "--profile-warmup", "1",
-                      "--profile-active", "1", "--metrics-interval", "0.2")
+                      "--profile-active", "1", "--metrics-interval", "0.2", "--comm-log")
     assert_ok(run)
     return run
 
@@ -169,3 +169,33 @@ def test_comm_log_does_not_keep_collectives_waited_elsewhere(tmp_path):
     # a coalesced batch (NCCL): its ops timed by the batch's Work; a Work-less op alone: unknown
     assert by_op["send"]["duration"] > 0 and by_op["recv"]["duration"] > 0
     assert by_op["broadcast"]["duration"] is None
+
+
+def test_the_tap_runs_only_in_the_steps_that_need_it(tmp_path):
+    """Without the comm log or the live exporter, the dispatch tap (one Python call per op) runs
+    only in the profiler's warmup and active steps, whose trace it labels: real gloo, one rank,
+    six steps with an all-reduce each, the tap switched on for steps 2 and 3. The log saw exactly
+    those steps' collectives (with their durations), no dispatch mode was active in the others or
+    after the switch closed, and the Works the tap held strongly were let go when it went off."""
+    from .runner import run_workers
+
+    (rec,) = run_workers("tests.trainer.tapswitch_worker", tmp_path, 1)
+    assert rec["modes"] == [None, None, rec["tap_class"], rec["tap_class"], None, None, None]
+    assert [(r["step"], r["op"], r["axis"]) for r in rec["records"]] == [(2, "all_reduce", "dp"),
+                                                                         (3, "all_reduce", "dp")]
+    assert all(r["duration"] > 0 for r in rec["records"])
+    assert rec["held_at_exit"] == []
+
+
+def test_the_default_run_labels_its_trace_without_a_comm_log(tmp_path):
+    """The trainer's defaults (profiler on, no comm log): no comm-rank file, and the profiled
+    steps' collectives still carry their diag:comm labels in the trace."""
+    from .runner import assert_ok, run_trainer
+
+    run = run_trainer(tmp_path / "run", 2, "--tensor-model-parallel-size", "2", "--train-iters", "4",
+                      "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "1", "--no-metrics")
+    assert_ok(run)
+    assert not list(run.out.glob("comm-rank-*.jsonl"))
+    with gzip.open(run.out / "rank-0.pt.trace.json.gz") as f:
+        names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
+    assert any(n.startswith("diag:comm:tp:all_reduce:") for n in names), sorted(names)[:20]
