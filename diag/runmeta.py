@@ -41,6 +41,10 @@ class Profile(msgspec.Struct, forbid_unknown_fields=False):
     wait: Count = 0
     warmup: Count = 0
     active: Count = 0
+    # where the diag trainer's comm tap (a TorchDispatchMode: PythonDispatchMode in the trace) ran:
+    # "every_step" (--comm-log, the live exporter), "profiled_steps" (its warmup and active steps
+    # only: the steps outside the trace do not pay it), None (not said, or no tap)
+    comm_tap: Optional[Name] = None
 
 
 class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):

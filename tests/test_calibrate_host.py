@@ -178,3 +178,32 @@ def test_tp_is_priced_as_the_step_pays_it(tmp_path):
     assert any(a.startswith("TP as the step pays it: 22 ms per step") for a in paid.assumptions)
     tp1 = replace(c, tp=1, dp=2)
     assert base.predict(tp1) - paid.predict(tp1) == pytest.approx(6 * MS, rel=1e-3)
+
+
+def test_the_trainers_comm_tap_in_the_profiled_steps_only_is_left_out(tmp_path):
+    """The diag trainer's comm tap (a Python dispatch mode) ran only in the profiled steps when its
+    diag_run.json says `profile.comm_tap: profiled_steps`: the steps measured and predicted do not
+    pay it. 4 layers, forward 1 ms, m=2 of micro-batch 2: compute 24 ms per step, of which the
+    trace's fixed cost 6 ms (1,000 ATen calls x 2 us + 4 ms non-ATen), the tap 2 ms of the non-ATen.
+    Left out: step and compute 2 ms less, fixed 4 ms (0.5 ms per layer and micro-batch), scaled
+    forward (22 - 4) / 24 = 0.75 ms. Said nothing (or "every_step"): as the trace shows it."""
+    from diag.runmeta import Profile
+
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    host = HostOps(ops_per_step=1500, optimizer_ops_per_step=200, aten_ops_per_step=1000, aten_op_s=2e-6,
+                   framework_per_step_s=4 * MS, dispatch_mode_per_step_s=2 * MS)
+    d = diagnosis(tmp_path, w, c, host)
+    traced = d.throughput.step_time_s
+    as_shown = calibrate(d)
+    assert as_shown.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert as_shown.measured_step_s == pytest.approx(traced)
+    d.facts.profile = Profile(enabled=True, wait=1, warmup=1, active=2, comm_tap="every_step")
+    assert calibrate(d).workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    d.facts.profile = Profile(enabled=True, wait=1, warmup=1, active=2, comm_tap="profiled_steps")
+    cal = calibrate(d)
+    assert cal.measured_step_s == pytest.approx(traced - 2 * MS)
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.5 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(22 * MS, rel=1e-3)
+    assert any("comm tap 2 ms per step" in a for a in cal.assumptions)

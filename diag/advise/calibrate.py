@@ -135,15 +135,32 @@ def _host_ops(d: Diagnosis) -> list:
     return ranks if ranks and len(ranks) == len(d.ranks) else []
 
 
+def _untraced_tap(d: Diagnosis, notes: list) -> float:
+    """Seconds per step of the diag trainer's comm tap (a Python dispatch mode) in the traced steps,
+    where its diag_run.json says the tap ran only in the profiled steps: the steps the run is
+    measured and predicted by do not pay it. 0 otherwise (a mode on in every step is the run's cost)."""
+    ranks = _host_ops(d)
+    profile = d.facts.profile if d.facts else None
+    if not ranks or profile is None or profile.comm_tap != "profiled_steps":
+        return 0.0
+    tap = float(np.mean([h.dispatch_mode_per_step_s for h in ranks]))
+    if tap > 0:
+        notes.append(f"the trainer's comm tap {tap * 1e3:.3g} ms per step (its Python dispatch mode, calls x median "
+                     "self time) left out of the measured step and its compute: diag_run.json says it ran only in "
+                     "the profiled steps, so the run's other steps do not pay it")
+    return tap
+
+
 def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
-                recompute: bool, notes: list) -> tuple[float, float]:
+                recompute: bool, notes: list, tap: float = 0.0) -> tuple[float, float]:
     """(host fixed s, DTensor dispatch s) per layer per micro-batch from the ranks' HostOps; zeros
     on GPU timelines and traces without them. The fixed part of the measured run's compute is
-    taken out of what scales with the micro-batch."""
+    taken out of what scales with the micro-batch. `tap`: the untraced steps' comm tap per step
+    (_untraced_tap), already out of `compute`, taken out of the fixed cost too."""
     ranks = _host_ops(d)
     if not ranks:
         return 0.0, 0.0
-    fixed = float(np.mean([h.fixed_per_step_s for h in ranks]))
+    fixed = float(np.mean([h.fixed_per_step_s for h in ranks])) - tap
     dtensor = float(np.mean([h.dtensor_per_step_s for h in ranks])) if tp > 1 else 0.0
     if fixed >= min(compute):
         notes.append("host operators' fixed cost not modelled: it exceeds the measured compute of a stage")
@@ -156,13 +173,13 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
                  f"{h.aten_op_s * 1e6:.3g} us (their median self time) + {h.framework_per_step_s * 1e3:.3g} ms "
                  f"of non-ATen operators (calls x median self time, per name; rank {d.ranks[0].rank}, the mean "
                  f"over ranks used), outside "
-                 f"torch.optim's spans; small-GEMM inefficiency is not in it")
+                 f"torch.optim's spans{', less the comm tap' if tap else ''}; small-GEMM inefficiency is not in it")
     if not any(r.optimizer_ops_per_step for r in ranks):
         notes.append("no torch.optim `Optimizer.*` spans in the trace: the optimizer's operators, if any, are "
                      "counted in the fixed cost per micro-batch (an overestimate that shrinks with more micro-batches)")
     if dtensor > 0:
         notes.append(f"DTensor dispatch {dtensor * 1e3:.3g} ms per layer per micro-batch, from its wrappers and "
-                     f"Python dispatch (calls x median self time, per step {dtensor * per_layer * 1e3:.3g} ms): "
+                     f"subclass dispatch (calls x median self time, per step {dtensor * per_layer * 1e3:.3g} ms): "
                      f"paid at TP > 1 only")
     return host, dtensor
 
@@ -316,13 +333,15 @@ def calibrate(d: Diagnosis) -> Calibration:
     if not step:
         raise CalibrationError("cannot calibrate the step-time model: no measured step time (no ProfilerStep marks)")
     notes = [f"backward / forward = {BWD_RATIO} (assumed: the trace does not separate them)"]
-    compute = _per_stage(d, pp, "compute_s")
+    tap = _untraced_tap(d, notes)
+    compute = [c - tap for c in _per_stage(d, pp, "compute_s")]
+    step -= tap
     idle = _per_stage(d, pp, "idle_s")
     per_stage_halves = m * HALVES * layers // pp
     launch = float(median(idle)) / per_stage_halves
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
     mb_layers = m * (layers // pp)
-    host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes)
+    host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes, tap)
     zero = zero_stage(meta)
     fsdp, fsdp_opt = _fsdp_host(d, zero, tp, mb_layers, layers // pp, notes)
     fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))

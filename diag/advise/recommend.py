@@ -25,6 +25,7 @@ def advise(d: Diagnosis) -> Advice:
     try:
         cal = calibrate(d)
         notes = list(cal.assumptions)
+        step = cal.measured_step_s      # the trace's, less what only the traced steps paid (the comm tap)
     except CalibrationError as e:
         cal, notes = None, [f"{e}; only rules that need no model were tried"]
     memory, mem_config, capacity, mem_notes = mem.of_diagnosis(d)

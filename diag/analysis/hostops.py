@@ -17,8 +17,12 @@ micro-batches; dropping DTensor's tensor parallelism). Counted here, per rank, f
   of their name: a call the OS preempted holds the lost time in its self time, and on a loaded
   machine the plain sum was 4x what the same job showed unloaded (the per-name medians agreed);
 - of that, DTensor's dispatch layer: when the trace has DTensor's marks (rankpass.DTENSOR_RE),
-  the self time of its wrappers and of the Python dispatch it runs in (DTENSOR_COST_RE), which
-  a run without DTensor does not pay.
+  the self time of its wrappers and of the subclass dispatch it runs in (DTENSOR_COST_RE), which
+  a run without DTensor does not pay;
+- and apart, Python dispatch modes (`PythonDispatchMode`: a TorchDispatchMode's Python call
+  around each op it sees), paid at any TP while the mode is on. Until 2026-11-25 they were
+  counted as DTensor's; in the traces at hand they were all the diag trainer's comm tap, which
+  runs only in the profiled steps (calibrate leaves it out when diag_run.json says so).
 
 - FSDP2's own host time, when the trace has its marks (`FSDP::pre_forward`, `FSDP::all_gather`,
   `FSDP::post_backward_reduce`, ... and its `fsdp::` copy operators: torch >= 2.4's
@@ -50,8 +54,11 @@ from .steps import Window
 OPTIMIZER_RE = re.compile(r"^Optimizer\.")
 FSDP_RE = re.compile(r"^(FSDP::|fsdp::)")      # FSDP2's record_function marks and its custom copy operators
 ATEN_RE = re.compile(r"^aten::")
-DTENSOR_COST_RE = re.compile(r"^(Redistribute|NestedRedistribute|PythonSubclass|PythonDispatchMode|RedistributeBackward|"
+DTENSOR_COST_RE = re.compile(r"^(Redistribute|NestedRedistribute|PythonSubclass|RedistributeBackward|"
                              r"_FromTorchTensor|_ToTorchTensor|_FromTorchTensorBackward|_ToTorchTensorBackward)$")
+# A TorchDispatchMode's Python call around each op it sees (CommDebugMode, FlopCounterMode, the diag
+# trainer's comm tap): not DTensor's (DTensor dispatches as a subclass), and paid at any TP
+MODE_RE = re.compile(r"^PythonDispatchMode$")
 
 
 def nesting_parent(start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -143,6 +150,8 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
         aten_op_s=float(median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
         framework_per_step_s=calls_x_median_ns(t, calls, selfs, framework) * 1e-9 / steps,
         dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps,
+        dispatch_mode_per_step_s=calls_x_median_ns(t, calls, selfs, framework & t.name_mask(MODE_RE.match)[calls])
+        * 1e-9 / steps,
         fsdp_per_step_s=fsdp_s, fsdp_optimizer_dispatch_per_step_s=opt_dispatch_s)
 
 
