@@ -27,12 +27,10 @@ def test_a_burner_beside_the_block_is_other_work():
 
 
 def test_the_blocks_own_children_are_not_other_work():
-    with OtherWork() as w:
+    """A child that burns 1 s of CPU and is waited for inside the block counts as the block's own
+    CPU (what OtherWork takes off the machine's busy time), whatever else the machine is doing."""
+    own = OtherWork._own_s()
+    with OtherWork():
         subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
                         "while time.process_time() - t < 1.0: pass"], check=True)
-    with OtherWork() as idle:
-        time.sleep(1.0)
-    # the child burnt a core for ~1 s and was waited for: its CPU is the block's own, so the share
-    # stays near what an idle second of this machine shows, not the ~1/cores the child took
-    import os
-    assert w.share is not None and w.share < (idle.share or 0.0) + 0.5 / (os.cpu_count() or 1), (w.share, idle.share)
+    assert OtherWork._own_s() - own >= 1.0
