@@ -159,14 +159,18 @@ def test_time_agrees_with_a_plain_all_reduce_loop(bench2, tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(_PLAIN)
     port, nbytes = free_port(), 4 << 20
-    procs = [subprocess.Popen([sys.executable, str(script), str(nbytes), "10"], cwd=ROOT,
-                              env=_child_env(r, 2, port, "plain"), stdout=subprocess.PIPE,
-                              text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    with OtherWork() as other:
+        procs = [subprocess.Popen([sys.executable, str(script), str(nbytes), "10"], cwd=ROOT,
+                                  env=_child_env(r, 2, port, "plain"), stdout=subprocess.PIPE,
+                                  text=True) for r in range(2)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     plain = float(outs[0].strip().splitlines()[-1])
     (row,) = [r for r in bench2["results"] if r["op"] == "all_reduce" and r["bytes"] == nbytes]
-    assert plain / 3 <= row["time_s"] <= plain * 3, (row["time_s"], plain)
+    # two timings taken minutes apart: judged only while other work left both their cores (beside
+    # two CPU burners the plain loop once read 3.4x the sweep's time)
+    timing_verdict(plain / 3 <= row["time_s"] <= plain * 3, max(OTHER_WORK["bench2"], other.share or 0.0), 0.10,
+                   f"diag bench's 4 MiB all_reduce {row['time_s']:.3g} s against the plain loop's {plain:.3g} s")
 
 
 def test_diag_bench_modules_do_not_import_torch():
