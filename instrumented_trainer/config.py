@@ -251,6 +251,22 @@ class TelemetryConfig:
         if self.flight_recorder_entries < 0:
             raise ValueError("--flight-recorder-entries must be >= 0")
 
+    @property
+    def comm_tap(self) -> str | None:
+        """Where the comm tap runs (telemetry/commtap.TapSwitch; diag_run.json's profile.comm_tap):
+        "every_step" where its timings are read every step (the comm log file, the live exporter),
+        else "profiled_steps" (`traced_steps`: the trace's labels), None without the profiler."""
+        if self.comm_log or self.prometheus_port:
+            return "every_step"
+        return "profiled_steps" if self.profile else None
+
+    @property
+    def traced_steps(self) -> range:
+        """The profiler's warmup and active steps (loop indices); empty without the profiler."""
+        if not self.profile:
+            return range(0)
+        return range(self.profile_wait, self.profile_wait + self.profile_warmup + self.profile_active)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:

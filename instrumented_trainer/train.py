@@ -145,17 +145,13 @@ def train(job: JobConfig) -> list[float]:
     live = (start_live_metrics(job, rank, coords, sampler, _peak_flops(tel, runtime))
             if tel.prometheus_port else None)
     heartbeat = Heartbeat(rank)          # our launcher's watchdog sees each step (telemetry.heartbeat)
-    # the tap's per-op cost is paid only where its output is read: every step for the comm log and
-    # the live exporter, else the profiler's warmup and active steps (the trace's labels)
-    profiled = (range(tel.profile_wait, tel.profile_wait + tel.profile_warmup + tel.profile_active)
-                if tel.profile else range(0))
     stall, slow = (Fault.parse(job.runtime.fault_stall, ""), Fault.parse(job.runtime.fault_slow, ""))
     window, held = memory_window(job, runtime), {}
     with sampler, ProfilerSession(tel, rank, runtime.cuda,
                                   persistent=lambda: memory.persistent_bytes(s.params, s.optimizer)
                                   ) as profiler, \
-            TapSwitch(comm, mesh.axis_groups(), always=tel.comm_log or bool(tel.prometheus_port),
-                      steps=profiled) as tap:
+            TapSwitch(comm, mesh.axis_groups(), always=tel.comm_tap == "every_step",
+                      steps=tel.traced_steps) as tap:
         for step in range(job.train.train_iters):
             heartbeat.beat(step)
             tap.at_step(step)

@@ -21,7 +21,6 @@ logged, their durations unknown.
 
 from __future__ import annotations
 
-
 import torch
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor

@@ -68,9 +68,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         torch_version=str(torch.__version__), backend=backend, backend_version=backend_version(backend),
         command=shlex.join(job.command),
         profile=Profile(enabled=tel.profile, wait=tel.profile_wait, warmup=tel.profile_warmup,
-                        active=tel.profile_active,
-                        comm_tap="every_step" if tel.comm_log or tel.prometheus_port
-                        else "profiled_steps" if tel.profile else None))
+                        active=tel.profile_active, comm_tap=tel.comm_tap))
 
 
 def write(path: str, record: RunFacts) -> None:
