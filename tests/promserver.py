@@ -100,6 +100,27 @@ def iters_lasting(seconds: float, out: Path, floor: int) -> int:
     return max(floor, math.ceil(seconds / statistics.median(steps)))
 
 
+def scrape(ports: list[int], stop, seen: dict, per_second: float = 20.0, limit_s: float = 300.0):
+    """GET every port's /metrics `per_second` times a second until the event `stop` is set (or
+    `limit_s` passed), as a busy Prometheus would; `seen[port]` gets the `diag_steps_total` value
+    of every answer that had one, in order. Ports not up yet (or gone) are tried again."""
+    import http.client
+
+    deadline = time.monotonic() + limit_s
+    while not stop.is_set() and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        for port in ports:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except (OSError, http.client.HTTPException):
+                continue  # not up yet, or already gone
+            for line in text.splitlines():
+                if line.startswith("diag_steps_total{"):
+                    seen.setdefault(port, []).append(float(line.rsplit(" ", 1)[1]))
+        stop.wait(max(0.0, 1.0 / per_second - (time.monotonic() - t0)))
+
+
 def finish(proc: subprocess.Popen, timeout: float = 180.0) -> tuple[int, str, str]:
     """Wait for the trainer (killed whole after `timeout`); returns (code, stdout, stderr)."""
     try:
