@@ -3,7 +3,7 @@ import streamlit as st
 
 import ui
 from diag.report import charts
-from diag.report.fmt import AXIS_HEADER, OPS_HEADER, axis_rows, op_rows, ops_legend
+from diag.report.fmt import AXIS_HEADER, OPS_HEADER, axis_rows, op_rows, ops_legend, per
 
 d = ui.current().diagnosis
 st.title("Communication")
@@ -14,7 +14,7 @@ empty = charts.why_empty(d)
 left, right = st.columns(2)
 with left:
     st.subheader("Per parallel axis")
-    ui.table(AXIS_HEADER, axis_rows(d))
+    ui.table(per(d, AXIS_HEADER), axis_rows(d))
     if "axes" in empty:
         st.info(ui.md(empty["axes"]))
     st.plotly_chart(charts.axis_exposure_bars(d), width="stretch")

@@ -3,7 +3,7 @@ import streamlit as st
 
 import ui
 from diag.report import charts
-from diag.report.fmt import FINDING_HEADER, FINDING_LEGEND, RANK_HEADER, RANK_LEGEND, finding_rows, headline, rank_row
+from diag.report.fmt import FINDING_HEADER, FINDING_LEGEND, RANK_HEADER, RANK_LEGEND, finding_rows, headline, per, rank_row
 
 run = ui.current()
 d, t = run.diagnosis, run.diagnosis.throughput
@@ -20,8 +20,8 @@ for p in d.problems:
     st.warning(ui.md(f"{p.file}: {p.problem}"))
 if d.findings:
     st.subheader("Where the time goes, biggest loss first")
-    ui.table(FINDING_HEADER, finding_rows(d))
-    st.caption(FINDING_LEGEND)
+    ui.table(per(d, FINDING_HEADER), finding_rows(d))
+    st.caption(per(d, FINDING_LEGEND))
 st.plotly_chart(charts.breakdown_bars(d), width="stretch")
 ui.table(RANK_HEADER, [rank_row(r) for r in d.ranks])
-st.caption(RANK_LEGEND)
+st.caption(per(d, RANK_LEGEND))

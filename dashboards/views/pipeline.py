@@ -5,7 +5,7 @@ import streamlit as st
 
 import ui
 from diag.report import charts
-from diag.report.fmt import GANTT_LEGEND, PIPE_HEADER, pipeline_caption, pipeline_rows
+from diag.report.fmt import GANTT_LEGEND, PIPE_HEADER, per, pipeline_caption, pipeline_rows
 
 run = ui.current()
 d, g = run.diagnosis, run.gantt
@@ -15,7 +15,7 @@ if d.pipeline:
     cols[0].metric("Ideal bubble", ui.pct(d.pipeline.ideal_fraction))
     for c, s in zip(cols[1:], d.pipeline.stages):
         c.metric(f"Stage {s.stage} bubble", ui.pct(s.bubble_fraction))
-    ui.table(PIPE_HEADER, pipeline_rows(d))
+    ui.table(per(d, PIPE_HEADER), pipeline_rows(d))
     st.caption(ui.md(pipeline_caption(d)))
 else:
     st.info("No pipeline parallelism known for this run (PP = 1, or the trace does not say: "

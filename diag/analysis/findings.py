@@ -6,15 +6,25 @@ from typing import Optional
 import numpy as np
 
 from ..trace.columns import median
-from .results import CommAnalysis, Finding, FindingKind, RankResult, StragglerBasis
+from .results import CommAnalysis, Finding, FindingKind, RankResult, StragglerBasis, window_is_steps
 
 MIN_SHARE = 0.01       # under 1% of a step is not worth a line
 
 
-def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int]:
+def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int, str]:
+    """The median step (None where the figures are not per step), the steps in the window, and
+    what the figures are per, in words."""
     steps = max((r.window_steps for r in ranks), default=0)
     times = [r.step_time_s for r in ranks if r.step_time_s]
-    return (float(median(times)) if times else None), steps
+    step_s = float(median(times)) if times else None
+    if not steps:
+        return None, 0, "in the window (no ProfilerStep marks)"
+    if not window_is_steps(ranks):
+        span = float(median([r.breakdown.span_s for r in ranks]))
+        return None, steps, (f"in the window (its ProfilerStep{'s' * (steps > 1)} do not bound the work: "
+                             f"the step {step_s * 1e3:,.1f} ms, the window {span * 1e3:,.1f} ms)"
+                             if step_s else "in the window")
+    return step_s, steps, "per step"
 
 
 def _rest_of_exposed(ranks: list[RankResult], comm: CommAnalysis, n: int, add) -> None:
@@ -33,11 +43,10 @@ def _rest_of_exposed(ranks: list[RankResult], comm: CommAnalysis, n: int, add) -
 
 
 def findings(ranks: list[RankResult], comm: Optional[CommAnalysis]) -> list[Finding]:
-    step_s, steps = _per_step(ranks)
     if not ranks:
         return []
+    step_s, steps, unit = _per_step(ranks)
     n = max(steps, 1)
-    unit = "per step" if steps else "in the window (no ProfilerStep marks)"
     out: list[Finding] = []
 
     def add(what: str, seconds: float, detail: str, kind: FindingKind, ranks: Optional[list] = None,

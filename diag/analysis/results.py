@@ -120,6 +120,29 @@ def steps_in_window(ranks: list[RankResult]) -> int:
     return max((r.window_steps for r in ranks), default=0) or 1
 
 
+WHOLE_TRACE = "whole trace (fewer than two ProfilerSteps)"   # the window convention without step bounds
+UNBOUNDED_SPAN = 1.5   # a whole-trace window this many times its steps' length is not made of them
+
+
+def window_is_steps(ranks: list[RankResult]) -> bool:
+    """Whether the per-step figures are per step: every rank's window has ProfilerSteps and they
+    bound its work. With fewer than two steps the window is the whole trace; where the work runs
+    far past the one step (a host trace whose gloo threads go on for a second after it), the
+    figures are the window's, and a share of the step would read as 525%."""
+    for r in ranks:
+        inside = [s.host_s for s in r.steps if s.in_window]
+        if not inside:
+            return False
+        if r.breakdown.window == WHOLE_TRACE and r.breakdown.span_s > UNBOUNDED_SPAN * sum(inside):
+            return False
+    return True
+
+
+def per_what(ranks: list[RankResult]) -> str:
+    """"step" or "window": what the per-step figures are per (see `window_is_steps`)."""
+    return "step" if window_is_steps(ranks) else "window"
+
+
 @dataclass
 class Problem:
     """A file not analysed, and why."""

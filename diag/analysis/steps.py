@@ -20,6 +20,7 @@ import numpy as np
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
 from .hostlink import launches
+from .results import WHOLE_TRACE
 
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 
@@ -84,7 +85,7 @@ def gpu_window(t: EventTable, steps: StepSpans) -> Window:
         conv = "GPU work launched before the last ProfilerStep (HTA convention)"
     else:
         keep = np.ones(rows.size, dtype=bool)
-        conv = "whole trace (fewer than two ProfilerSteps)"
+        conv = WHOLE_TRACE
     step_of = _step_of(steps, launched[keep])
     return Window(rows[keep], step_of, steps, int((~keep).sum()), conv,
                   "launched in the last ProfilerStep, or launch not in the trace")
@@ -96,7 +97,7 @@ def host_window(t: EventTable, rows: np.ndarray, steps: StepSpans) -> Window:
         conv = "host events before the last ProfilerStep (HTA convention)"
     else:
         keep = np.ones(rows.size, dtype=bool)
-        conv = "whole trace (fewer than two ProfilerSteps)"
+        conv = WHOLE_TRACE
     kept = rows[keep]
     return Window(kept, _step_of(steps, t.ts_ns[kept]), steps, int((~keep).sum()), conv,
                   "started in the last ProfilerStep")

@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..analysis.gantt import KINDS, PipelineGantt
-from ..analysis.results import Diagnosis, steps_in_window
+from ..analysis.results import Diagnosis, per_what, steps_in_window
 
 # One colour per kind of time, the same on every chart.
 COLORS = {"compute": "#4c78a8", "forward": "#4c78a8", "backward": "#72b7b2", "optimizer": "#b279a2",
@@ -73,7 +73,8 @@ def breakdown_bars(d: Diagnosis, y_max_ms: Optional[float] = None):
     fig.update_layout(barmode="stack")
     if y_max_ms:
         fig.update_yaxes(range=[0, 1.05 * y_max_ms])
-    return _layout(fig, "Temporal breakdown per rank (communication = exposed)", "", "ms per step")
+    return _layout(fig, "Temporal breakdown per rank (communication = exposed)", "",
+                   f"ms per {per_what(d.ranks)}")
 
 
 def axis_exposure_bars(d: Diagnosis):
@@ -86,7 +87,8 @@ def axis_exposure_bars(d: Diagnosis):
                      go.Bar(name="exposed", x=names, y=[1e3 * a.exposed_s / n for a in axes],
                             marker_color=COLORS["exposed"])])
     fig.update_layout(barmode="stack")
-    return _layout(fig, "Communication per axis: exposed vs hidden", "axis", "ms per step per rank")
+    return _layout(fig, "Communication per axis: exposed vs hidden", "axis",
+                   f"ms per {per_what(d.ranks)} per rank")
 
 
 def busbw_scatter(d: Diagnosis):
@@ -152,7 +154,8 @@ def wait_heatmap(d: Diagnosis):
     go, n = _go(), steps_in_window(d.ranks)
     comm = {c.rank: c for c in (d.comm.ranks if d.comm else [])}
     slow = {r for s in (d.comm.stragglers if d.comm else []) for r in s.ranks}
-    cols = ["collectives ms/step", "exposed ms/step", "wait ms/step"]
+    unit = per_what(d.ranks)
+    cols = [f"collectives ms/{unit}", f"exposed ms/{unit}", f"wait ms/{unit}"]
 
     def row(r):
         c = comm.get(r.rank)
@@ -166,7 +169,7 @@ def wait_heatmap(d: Diagnosis):
     fig = go.Figure(go.Heatmap(z=[row(r) for r in d.ranks], x=cols, y=labels, colorscale="Oranges",
                                colorbar=dict(title="ms"), texttemplate="%{z:.1f}"))
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, "Collective time, exposed communication and wait per rank (ms per step)", "", "",
+    return _layout(fig, f"Collective time, exposed communication and wait per rank (ms per {unit})", "", "",
                    height=max(260, 40 * len(d.ranks) + 120))
 
 

@@ -5,7 +5,7 @@ import os
 import re
 from typing import Optional
 
-from ..analysis.results import Diagnosis, RankResult, steps_in_window
+from ..analysis.results import Diagnosis, RankResult, per_what, steps_in_window
 
 _TEMPLATE_RE = re.compile(r"<[^<>]*>")
 
@@ -21,6 +21,19 @@ def short_kernel(name: str, width: int = 40) -> str:
         s = t
     s = s.split("(", 1)[0].strip() or name
     return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def per(d: Diagnosis, words):
+    """A header (list) or legend (str) with its per-step units said per window where the figures
+    are the window's, not a step's (`analysis.results.window_is_steps`)."""
+    if per_what(d.ranks) == "step":
+        return words
+    def say(w: str) -> str:
+        return (w.replace("ms/step", "ms/window").replace("per step", "per window")
+                .replace("% step: of the median step time", "% step: of the median step time, unknown ('-') where "
+                         "the window is not made of ProfilerSteps (a whole trace that runs past its one step, or "
+                         "no step marks)"))
+    return [say(w) for w in words] if isinstance(words, list) else say(words)
 
 
 def ms(seconds: Optional[float], digits: int = 1) -> str:

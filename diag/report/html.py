@@ -16,9 +16,9 @@ from . import charts, memcharts
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, GANTT_LEGEND, KERNEL_HEADER, OPS_HEADER,
-                  PIPE_HEADER, RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline,
-                  kernel_rows, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row, straggler_lines,
-                  throughput_lines)
+                  PIPE_HEADER, RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes,
+                  headline, kernel_rows, ms, op_rows, ops_legend, per, pipeline_caption, pipeline_rows,
+                  rank_row, straggler_lines, throughput_lines)
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
 color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:.25em .7em;
@@ -49,8 +49,8 @@ def _overview(d: Diagnosis) -> list[str]:
     out = [f"<p>{_e(line)}</p>" for line in throughput_lines(d)]
     if d.findings:
         out += ["<h3>Where the time goes, biggest loss first</h3>",
-                table(FINDING_HEADER, finding_rows(d), FINDING_LEGEND)]
-    out += [_figure(charts.breakdown_bars(d)), table(RANK_HEADER, [rank_row(r) for r in d.ranks], RANK_LEGEND)]
+                table(per(d, FINDING_HEADER), finding_rows(d), per(d, FINDING_LEGEND))]
+    out += [_figure(charts.breakdown_bars(d)), table(RANK_HEADER, [rank_row(r) for r in d.ranks], per(d, RANK_LEGEND))]
     for r in d.ranks[:1]:
         out += [f"<h3>Top kernels, rank {r.rank}</h3>",
                 table(KERNEL_HEADER, kernel_rows(r), "others: diag analyze --format json" if len(d.ranks) > 1 else "")]
@@ -61,7 +61,7 @@ def _communication(d: Diagnosis) -> list[str]:
     if not d.comm:
         return ["<p>No communication in these traces.</p>"]
     empty = charts.why_empty(d)
-    out = [table(AXIS_HEADER, axis_rows(d)), *_why(empty, "axes"), _figure(charts.axis_exposure_bars(d)),
+    out = [table(per(d, AXIS_HEADER), axis_rows(d)), *_why(empty, "axes"), _figure(charts.axis_exposure_bars(d)),
            *_why(empty, "busbw"), _figure(charts.busbw_scatter(d)), table(OPS_HEADER, op_rows(d), ops_legend(d))]
     out += [f"<p class='note'>note: {_e(n)}</p>" for n in d.comm.notes]
     return out
@@ -80,7 +80,7 @@ def _flight_recorder(d: Diagnosis) -> list[str]:
 def _pipeline(d: Diagnosis, gantt: Optional[PipelineGantt]) -> list[str]:
     out = []
     if d.pipeline:
-        out.append(table(PIPE_HEADER, pipeline_rows(d), pipeline_caption(d)))
+        out.append(table(per(d, PIPE_HEADER), pipeline_rows(d), pipeline_caption(d)))
     else:
         out.append("<p>No pipeline parallelism known for this run (PP = 1, or give --pp).</p>")
     if gantt and gantt.rows:

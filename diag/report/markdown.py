@@ -7,9 +7,9 @@ from .advice import recommendation_lines
 from .escape import md_code, md_text
 from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
-from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND,
-                  axis_rows, finding_rows, headline, ms, op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row,
-                  short_kernel, straggler_lines, throughput_lines)
+from .fmt import (AXIS_HEADER, FINDING_HEADER, OPS_HEADER, PIPE_HEADER, RANK_HEADER, RANK_LEGEND, axis_rows,
+                  finding_rows, headline, ms, op_rows, ops_legend, per, pipeline_caption, pipeline_rows,
+                  rank_row, short_kernel, straggler_lines, throughput_lines)
 
 
 def _table(header: list[str], rows: list[list[str]], code_first: bool = False) -> list[str]:
@@ -32,20 +32,20 @@ def render_markdown(d: Diagnosis) -> str:
             return "\n".join(lines) + "\n"
     lines += [f"- {md_text(t)}" for t in throughput_lines(d)]
     if d.findings:
-        lines += ["", "## Where the time goes, biggest loss first", ""] + _table(FINDING_HEADER, finding_rows(d))
+        lines += ["", "## Where the time goes, biggest loss first", ""] + _table(per(d, FINDING_HEADER), finding_rows(d))
     lines += ["", "## Temporal breakdown", ""]
     lines += _table(RANK_HEADER, [rank_row(r) for r in d.ranks])
-    lines += ["", f"_{md_text(RANK_LEGEND)}_", ""]
+    lines += ["", f"_{md_text(per(d, RANK_LEGEND))}_", ""]
     lines += ["Window: " + md_text("; ".join(sorted({r.breakdown.window for r in d.ranks}))), ""]
     if d.pipeline:
-        lines += ["## Pipeline bubble per stage", ""] + _table(PIPE_HEADER, pipeline_rows(d))
+        lines += ["## Pipeline bubble per stage", ""] + _table(per(d, PIPE_HEADER), pipeline_rows(d))
         lines += ["", f"_{md_text(pipeline_caption(d))}_", ""]
     if d.memory is not None:
         lines += ["## Memory", ""] + [f"- {md_text(line.strip())}" for line in memory_lines(d)] + [""]
         if memory_rows(d):
             lines += _table(MEMORY_HEADER, memory_rows(d)) + ["", f"_{md_text(memory_caption(d.memory))}_", ""]
     if d.comm:
-        lines += ["## Communication by parallel axis", ""] + _table(AXIS_HEADER, axis_rows(d)) + [""]
+        lines += ["## Communication by parallel axis", ""] + _table(per(d, AXIS_HEADER), axis_rows(d)) + [""]
         lines += ["## Collectives by axis, op and message size", ""] + _table(OPS_HEADER, op_rows(d))
         lines += ["", f"_{md_text(ops_legend(d))}_", ""]
         lines += [f"- {md_text(line)}" for line in straggler_lines(d)]

@@ -18,9 +18,9 @@ from .escape import terminal
 from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
 from .fmt import (AXIS_HEADER, FINDING_HEADER, FINDING_LEGEND, KERNEL_HEADER, OPS_HEADER, PIPE_HEADER,
-                  RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline, kernel_rows,
-                  op_rows, ops_legend, pipeline_caption, pipeline_rows, rank_row, straggler_lines,
-                  throughput_lines)
+                  RANK_HEADER, RANK_LEGEND, axis_rows, finding_rows, grouped_rank_notes, headline,
+                  kernel_rows, op_rows, ops_legend, per, pipeline_caption, pipeline_rows, rank_row,
+                  straggler_lines, throughput_lines)
 
 
 def _table(title: str, header: list[str]) -> Table:
@@ -70,22 +70,22 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
     for line in throughput_lines(d):
         con.print(line, markup=False)
     con.print()
-    _print_table(con, "Where the time goes, biggest loss first", FINDING_HEADER, finding_rows(d),
-                 FINDING_LEGEND)
+    _print_table(con, "Where the time goes, biggest loss first", per(d, FINDING_HEADER), finding_rows(d),
+                 per(d, FINDING_LEGEND))
     timeline = d.ranks[0].breakdown.timeline if d.ranks else "gpu"
     title = ("Temporal breakdown, GPU timeline (all streams merged)" if timeline == "gpu"
              else "Temporal breakdown, host timeline (CPU-only trace)")
     _print_table(con, title, RANK_HEADER, [rank_row(r) for r in d.ranks],
-                 RANK_LEGEND + "\nWindow: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})))
+                 per(d, RANK_LEGEND) + "\nWindow: " + "; ".join(sorted({r.breakdown.window for r in d.ranks})))
     if d.pipeline:
-        _print_table(con, "Pipeline bubble per stage", PIPE_HEADER, pipeline_rows(d), pipeline_caption(d))
+        _print_table(con, "Pipeline bubble per stage", per(d, PIPE_HEADER), pipeline_rows(d), pipeline_caption(d))
     if d.memory is not None:
         _print_table(con, "Measured peak memory", MEMORY_HEADER, memory_rows(d), memory_caption(d.memory))
         for line in memory_lines(d):
             con.print(line, markup=False)
         con.print()
     if d.comm:
-        _print_table(con, "Communication by parallel axis", AXIS_HEADER, axis_rows(d))
+        _print_table(con, "Communication by parallel axis", per(d, AXIS_HEADER), axis_rows(d))
         _print_table(con, "Collectives by axis, op and message size", OPS_HEADER, op_rows(d), ops_legend(d))
         told = straggler_lines(d)
         for line in told:

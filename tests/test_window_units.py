@@ -1,0 +1,74 @@
+"""Per-step figures are per step only where the window is made of ProfilerSteps.
+
+With fewer than two steps the window is the whole trace (HTA's convention). Where the trace's work
+runs far past its one step (a host trace whose gloo threads go on for a second after it), dividing
+the window's totals by one step read "communication 1,102.98 ms/step, 525% of the step": the
+figures are the window's, and the report says so."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import pytest
+
+from conftest import DATA
+from diag.analysis import diagnose
+from diag.analysis.results import UNBOUNDED_SPAN, per_what, window_is_steps
+from diag.report.markdown import render_markdown
+from diag.report.text import render_text
+from diag.trace import load_job
+from kineto import TraceBuilder
+
+ROOT = os.path.dirname(DATA.rstrip("/").rsplit("/", 1)[0])
+GLOO = os.path.join(DATA, "gloo_cpu_only_rank34")
+
+
+def _raw_span_and_step(folder: str) -> tuple[float, float]:
+    """From the raw events: the host work's span and the one ProfilerStep's length (us)."""
+    (name,) = os.listdir(folder)
+    with gzip.open(os.path.join(folder, name)) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    work = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")
+            and not e["name"].startswith("ProfilerStep")]
+    (step,) = [e["dur"] for e in events if e["name"].startswith("ProfilerStep#")]
+    return max(e["ts"] + e["dur"] for e in work) - min(e["ts"] for e in work), step
+
+
+def test_a_whole_trace_past_its_one_step_is_reported_per_window():
+    span, step = _raw_span_and_step(GLOO)
+    assert span > UNBOUNDED_SPAN * step      # the trace is the case: 1.26 s of work, a 210 ms step
+    d = diagnose(load_job(GLOO))
+    assert not window_is_steps(d.ranks) and per_what(d.ranks) == "window"
+    assert d.findings and all(f.share_of_step is None for f in d.findings)
+    r = d.ranks[0]
+    comm = next(f for f in d.findings if f.what.startswith("communication"))
+    assert comm.seconds_per_step == pytest.approx(r.overlap.exposed_s)   # the window's total, said so
+    assert "the window 1,264.6 ms" in comm.detail and "the step 210.1 ms" in comm.detail
+    text = render_text(d)
+    assert "ms/window" in text and "ms/step" not in text and "525" not in text
+    assert "| where the time goes | ms/window | % step |" in render_markdown(d)
+
+
+def test_one_step_that_bounds_the_work_is_per_step():
+    """The instrumented trainer's traces have one ProfilerStep that holds all the work."""
+    d = diagnose(load_job(os.path.join(ROOT, "sample_traces", "tp2_pp2_dp2")))
+    assert len(d.ranks) == 8 and window_is_steps(d.ranks)
+    assert all(f.share_of_step is not None for f in d.findings)
+    assert "ms/window" not in render_text(d) and "ms/step" in render_text(d)
+
+
+def test_no_step_marks_is_per_window():
+    d = diagnose(load_job(os.path.join(DATA, "b200_rank0_of_8_eager")))
+    assert per_what(d.ranks) == "window" and "ms/window" in render_text(d)
+
+
+@pytest.mark.parametrize("work_end_ms, unit", [(14.0, "step"), (16.0, "window"), (100.0, "window")])
+def test_the_bound_is_the_span_against_the_step(tmp_path, work_end_ms, unit):
+    """One 10 ms step, host work from its start to `work_end_ms`: per step up to 1.5x its length."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 10_000)
+    b.cpu_op("aten::mm", 100, 5_000).cpu_op("aten::add", 6_000, work_end_ms * 1e3 - 6_000, tid=7)
+    b.write(str(tmp_path / "rank0.json"))
+    d = diagnose(load_job(str(tmp_path)))
+    assert d.ranks[0].breakdown.span_s == pytest.approx((work_end_ms * 1e3 - 100) / 1e6)   # first op to last end
+    assert per_what(d.ranks) == unit
