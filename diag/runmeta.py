@@ -45,6 +45,10 @@ class Profile(msgspec.Struct, forbid_unknown_fields=False):
     # "every_step" (--comm-log, the live exporter), "profiled_steps" (its warmup and active steps
     # only: the steps outside the trace do not pay it), None (not said, or no tap)
     comm_tap: Optional[Name] = None
+    # median wall time of the steps the profiler did not trace (outside its warmup and active steps
+    # and the export step after them, the first step left out), written at the end of the run: what
+    # the profiler itself adds to a traced step on a host timeline is the difference
+    untraced_step_s: Optional[Annotated[float, msgspec.Meta(gt=0, le=1e9)]] = None
 
 
 class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):

@@ -183,10 +183,10 @@ def train(job: JobConfig) -> list[float]:
         heartbeat.done()
     comm.close()
     steps.close()
-    if rank == 0 and steps.peak is not None:  # the record again, with the largest measured peak
+    if rank == 0:  # the record again, with the largest measured peak and the untraced steps' time
         run_metadata.write(meta_path, run_metadata.build(
             job, backend=runtime.backend, dtype=runtime.dtype_name, cuda=runtime.cuda,
-            peak_memory_bytes=steps.peak))
+            peak_memory_bytes=steps.peak, untraced_step_s=steps.untraced_median(tel.traced_steps)))
     dist.barrier()
     dist.destroy_process_group()
     return steps.losses

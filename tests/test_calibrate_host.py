@@ -207,3 +207,42 @@ def test_the_trainers_comm_tap_in_the_profiled_steps_only_is_left_out(tmp_path):
     assert cal.workload.fwd_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
     assert cal.model_step_s == pytest.approx(22 * MS, rel=1e-3)
     assert any("comm tap 2 ms per step" in a for a in cal.assumptions)
+
+
+@pytest.mark.parametrize("idle_ms, untraced_ms, k_us, fwd_ms", [
+    (0, 20, 4 / 1.5, 14 / 24), (0, 16, 8 / 1.5, 10 / 24), (8, 22, 10 / 1.5, 16 / 24),
+    (0, 24, 0.0, 18 / 24), (0, 30, 0.0, 18 / 24)])
+def test_the_profilers_own_cost_is_fitted_to_the_untraced_steps(tmp_path, idle_ms, untraced_ms, k_us, fwd_ms):
+    """diag_run.json's profile.untraced_step_s: the run's untraced steps' median. The profiler's cost
+    per recorded operator k comes out of the gaps between operators first (the launch overhead per
+    kernel), then out of the compute that scales; the operators' fixed cost is kept. 4 layers,
+    forward 1 ms, m=2: compute 24 ms per step, fixed 6 ms (0.75 ms per layer per micro-batch),
+    scaled 18 ms (forward 0.75 ms), 1,500 operators a step.
+    Untraced 20 ms, no gaps: 4 ms from the compute, forward 14 / 24 ms (2 x 4 x (3 x 14/24 + 0.75) = 20).
+    Untraced 16 ms: 8 ms, forward 10 / 24 ms. With 8 ms of gaps a step (launch 0.25 ms over 32 kernels;
+    the model of the measured configuration 32 ms) and untraced 22 ms: 10 ms, all 8 of the gaps and
+    2 of compute. Untraced 24 or 30 ms (no shorter than the traced step): nothing is taken out."""
+    from diag.runmeta import Profile
+
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    host = HostOps(ops_per_step=1500, optimizer_ops_per_step=200, aten_ops_per_step=1000, aten_op_s=2e-6,
+                   framework_per_step_s=4 * MS)
+    d = diagnosis(tmp_path, w, c, host)
+    assert d.throughput.step_time_s == pytest.approx(24 * MS, rel=1e-3)
+    for r in d.ranks:
+        r.breakdown.idle_s = idle_ms * MS * r.window_steps
+    d.facts.profile = Profile(enabled=True, wait=1, warmup=1, active=2, untraced_step_s=untraced_ms * MS)
+    cal = calibrate(d)
+    assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(fwd_ms * MS, rel=1e-3)
+    fitted = [a for a in cal.assumptions if a.startswith("torch.profiler's own cost")]
+    if k_us:
+        assert cal.workload.launch_overhead_s == pytest.approx(0.0, abs=1e-9)
+        assert cal.measured_step_s == pytest.approx(untraced_ms * MS)
+        assert cal.model_step_s == pytest.approx(untraced_ms * MS, rel=1e-5)
+        (note,) = fitted
+        assert f"{k_us:.3g} us per recorded host operator" in note, note
+        assert f"{idle_ms:.3g} ms from the gaps between operators" in note, note
+    else:
+        assert not fitted and cal.measured_step_s == pytest.approx(24 * MS, rel=1e-3)

@@ -72,3 +72,22 @@ def test_the_bound_is_the_span_against_the_step(tmp_path, work_end_ms, unit):
     d = diagnose(load_job(str(tmp_path)))
     assert d.ranks[0].breakdown.span_s == pytest.approx((work_end_ms * 1e3 - 100) / 1e6)   # first op to last end
     assert per_what(d.ranks) == unit
+
+
+def test_a_recommender_failure_is_said_where_the_recommendations_go(monkeypatch):
+    """A recommender that raises (here: made to) costs the diagnosis nothing and the reports say it
+    failed in place of the recommendations, not "nothing worth changing"."""
+    import diag.advise.recommend as recommend
+    from diag.advise.results import Advice
+    from diag.report.advice import render_advice
+
+    def broken(d):
+        raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
+
+    monkeypatch.setattr(recommend, "calibrate", broken)
+    d = recommend.with_advice(diagnose(load_job(os.path.join(ROOT, "sample_traces", "pp2_m2"))))
+    said = "Recommendations could not be computed (ValueError: fwd_s_per_layer and bwd_ratio must be > 0)"
+    for text in (render_text(d, width=400), render_markdown(d), render_advice(Advice.of(d), "text")):
+        tail = text[text.index("Recommendations"):]
+        assert said in tail and "Nothing worth changing" not in tail, tail[:300]
+    assert d.ranks and d.findings                     # the diagnosis itself is whole

@@ -111,8 +111,9 @@ def _steps(d: Diagnosis) -> int:
     return steps_in_window(d.ranks)
 
 
-def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
-    """Per pipeline stage, the mean over its ranks of breakdown.<what>_s per step."""
+def _per_stage(d: Diagnosis, pp: int, what: str, of=None) -> list[float]:
+    """Per pipeline stage, the mean over its ranks of breakdown.<what>_s per step (or of `of(rank)`,
+    a per-step figure of the rank)."""
     if d.pipeline and d.pipeline.stages:
         stage_of = {r: st.stage for st in d.pipeline.stages for r in st.ranks}
     else:                                        # one stage, or the Megatron order as the facts say
@@ -123,7 +124,7 @@ def _per_stage(d: Diagnosis, pp: int, what: str) -> list[float]:
     for r in d.ranks:                            # by the ranks present: a claimed PP costs nothing
         s = stage_of.get(r.rank)
         if s is not None and 0 <= s < pp:
-            by_stage.setdefault(s, []).append(getattr(r.breakdown, what) / max(r.window_steps, 1))
+            by_stage.setdefault(s, []).append(of(r) if of else getattr(r.breakdown, what) / max(r.window_steps, 1))
     if len(by_stage) < pp:
         raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
     return [float(np.mean(by_stage[s])) for s in range(pp)]
@@ -149,6 +150,33 @@ def _untraced_tap(d: Diagnosis, notes: list) -> float:
                      "self time) left out of the measured step and its compute: diag_run.json says it ran only in "
                      "the profiled steps, so the run's other steps do not pay it")
     return tap
+
+
+def _untraced_step(d: Diagnosis, step: float) -> Optional[float]:
+    """The run's untraced steps' median (diag_run.json's profile.untraced_step_s) where it is shorter
+    than the traced `step` on a host timeline with every rank's operators counted: the profiler's
+    own cost per recorded operator is then fitted (calibrate). None otherwise: a GPU timeline's
+    kernels do not pay the profiler's host callbacks, and another program's trace does not say."""
+    profile = d.facts.profile if d.facts else None
+    untraced = profile.untraced_step_s if profile is not None else None
+    if not (untraced and _host_ops(d)) or untraced >= step:     # HostOps: host timelines only
+        return None
+    return float(untraced)
+
+
+def _fit_profiler(model_at, k_max: float, target: float) -> float:
+    """k in [0, k_max] (seconds per recorded operator) at which model_at(k), falling as k grows,
+    comes to `target`: bisection to a millionth of the target; k_max where even that stays above it."""
+    if model_at(k_max) >= target:
+        return k_max
+    lo, hi = 0.0, k_max
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        value = model_at(mid)
+        if abs(value - target) <= 1e-6 * target:
+            return mid
+        lo, hi = (mid, hi) if value > target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
@@ -323,6 +351,44 @@ def _schedule(meta: RunFacts) -> dict:
     return {"schedule": sched, "virtual_stages": v}
 
 
+def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Links, compute: list, fixed: float,
+                      scaling, traced: float, untraced: float, notes: list) -> tuple[Workload, dict, float, float]:
+    """The model moved from the traced step to the untraced steps (_untraced_step). torch.profiler
+    pays a host callback at each operator it records, which the run's other steps do not: k seconds
+    per recorded operator (HostOps.ops_per_step), fitted so that the model comes to the untraced
+    median. It is taken first from the gaps between operators (the launch overhead the model holds
+    per kernel, so per micro-batch: where the callbacks between operators land), then from the
+    compute that scales with the micro-batch; the operators' fixed cost (calls x median self time)
+    is kept. Left in, a change of micro-batches would be priced by the traced steps' gaps.
+    Returns (workload, stage slowdowns, the model's step, the measured step: the untraced one)."""
+    ops = float(np.mean(_per_stage(d, pp, "", of=lambda r: r.host_ops.ops_per_step)))
+    halves = c.num_micro_batches * HALVES * w.num_layers // pp
+    gaps = w.launch_overhead_s * halves                  # per stage per step
+
+    def refit(k: float) -> tuple[Workload, dict, float, float]:
+        cost = k * ops                                   # per stage per step
+        from_gaps = min(cost, gaps)
+        fwd, slowdown = scaling([x - (cost - from_gaps) for x in compute])
+        return (replace(w, fwd_s_per_layer=fwd, launch_overhead_s=(gaps - from_gaps) / halves), slowdown,
+                from_gaps, cost - from_gaps)
+
+    def model_at(k: float) -> float:
+        w2, slowdown = refit(k)[:2]
+        return step_time(w2, *two_replicas(c, links), stage_slowdown=slowdown)
+
+    # at most: all the gaps, and each stage's scaling compute kept at a tenth of itself
+    k_max = (gaps + 0.9 * min(x - fixed for x in compute)) / ops if ops > 0 else 0.0
+    k = _fit_profiler(model_at, k_max, untraced) if k_max > 0 else 0.0
+    w2, slowdown, from_gaps, from_compute = refit(k)
+    model = step_time(w2, *two_replicas(c, links), stage_slowdown=slowdown)
+    notes.append(f"torch.profiler's own cost {k * 1e6:.3g} us per recorded host operator ({ops:,.0f} a step per "
+                 f"stage), fitted so that the model of the traced step ({traced * 1e3:.4g} ms) comes to the run's "
+                 f"untraced steps' median ({untraced * 1e3:.4g} ms, diag_run.json), and left out: per stage per step "
+                 f"{from_gaps * 1e3:.3g} ms from the gaps between operators, {from_compute * 1e3:.3g} ms from the "
+                 "compute. The predictions are for untraced steps")
+    return w2, slowdown, model, untraced
+
+
 def calibrate(d: Diagnosis) -> Calibration:
     meta = d.facts
     tp, pp, cp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1)), int(meta.cp or 1)
@@ -350,10 +416,15 @@ def calibrate(d: Diagnosis) -> Calibration:
         notes.append("FSDP2's own host time not modelled: with the fixed cost it exceeds the measured compute of a stage")
         fsdp = fsdp_opt = fsdp_fixed = 0.0
     fixed += fsdp_fixed
-    scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
-    mean_c = float(np.mean(scaled))
-    fwd = mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full")))
-    slowdown = {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {}
+
+    def scaling(compute: list) -> tuple[float, dict]:
+        """(forward s per layer per micro-batch at TP 1, stage slowdowns) from the stages' compute."""
+        scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
+        mean_c = float(np.mean(scaled))
+        return (mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full"))),
+                {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {})
+
+    fwd, slowdown = scaling(compute)
     notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1{' and CP=1' * (cp > 1)}, from "
                  f"{float(np.mean(compute)) * 1e3:.3g} ms compute per stage per step (optimizer, embedding and loss "
                  "folded in)" + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost"
@@ -399,6 +470,9 @@ def calibrate(d: Diagnosis) -> Calibration:
     tokens = d.throughput.tokens_per_step if d.throughput else None
     try:
         model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
+        if (untraced := _untraced_step(d, step)) is not None:
+            w, slowdown, model_now, step = _without_profiler(d, pp, w, c, links, compute, fixed, scaling,
+                                                             step, untraced, notes)
     except ModelTooBig as e:
         raise CalibrationError(f"cannot calibrate the step-time model: {e}") from None
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "

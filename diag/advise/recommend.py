@@ -54,8 +54,9 @@ def with_advice(d: Diagnosis) -> Diagnosis:
     try:
         a = advise(d)
     except Exception as e:                       # noqa: BLE001
-        d.notes.append(f"recommendations could not be computed ({type(e).__name__}: {e}); "
-                       "the diagnosis above is complete")
+        failed = f"Recommendations could not be computed ({type(e).__name__}: {e}); the diagnosis above is complete"
+        d.notes.append(failed)
+        d.advice_basis = Basis(nothing=failed)   # said where the recommendations go, not "nothing worth changing"
         return d
     d.recommendations = a.recommendations
     d.advice_basis = Basis(calibration=a.calibration, model_step_s=a.model_step_s,

@@ -70,6 +70,13 @@ def _memory_lines(r) -> list[str]:
         [f"   memory: {m}" for m in r.memory]
 
 
+def nothing_line(d) -> str:
+    """Where the recommender failed (advise.recommend.with_advice: a basis with no calibration, only
+    why), its words, so the report does not read "nothing worth changing"; else "" (the default)."""
+    b = d.advice_basis
+    return (b.nothing or "") if b is not None and not b.calibration else ""
+
+
 def recommendation_lines(recs: list, md: bool = False, nothing: str = "") -> list[str]:
     if not recs:
         return [nothing or "Nothing worth changing: no measured loss crossed a rule's threshold."]

@@ -3,7 +3,7 @@ run's files goes through escape.md_text / md_code: it reads as itself, never as 
 from __future__ import annotations
 
 from ..analysis.results import Diagnosis
-from .advice import recommendation_lines
+from .advice import nothing_line, recommendation_lines
 from .escape import md_code, md_text
 from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
@@ -50,7 +50,8 @@ def render_markdown(d: Diagnosis) -> str:
         lines += ["", f"_{md_text(ops_legend(d))}_", ""]
         lines += [f"- {md_text(line)}" for line in straggler_lines(d)]
         lines += [f"- note: {md_text(n)}" for n in d.comm.notes] + [""]
-    lines += ["## Recommendations, biggest predicted gain first", ""] + recommendation_lines(d.recommendations, md=True)
+    lines += ["## Recommendations, biggest predicted gain first", ""] + recommendation_lines(
+        d.recommendations, md=True, nothing=nothing_line(d))
     lines.append("")
     for r in d.ranks:
         if r.top_kernels:

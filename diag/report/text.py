@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..analysis.results import Diagnosis
-from .advice import recommendation_lines
+from .advice import nothing_line, recommendation_lines
 from .escape import terminal
 from .memfmt import MEMORY_HEADER, memory_caption, memory_lines, memory_rows
 from .frfmt import FR_TIMING_HEADER, fr_lines, fr_timing_legend, fr_timing_rows
@@ -98,7 +98,7 @@ def render_text(d: Diagnosis, width: int = 80) -> str:
         title = f"Top kernels, rank {r.rank}" + (" (others: --format json)" if len(d.ranks) > 1 else "")
         _print_table(con, title, KERNEL_HEADER, kernel_rows(r))
     con.print("Recommendations, biggest predicted gain first", style="bold")
-    for line in recommendation_lines(d.recommendations):
+    for line in recommendation_lines(d.recommendations, nothing=nothing_line(d)):
         # wrapped at the console width under its own label; `diag recommend` prints commands unwrapped
         indent = " " * (len(line) - len(line.lstrip()) + (line.lstrip().find(": ") + 2 if ": " in line else 3))
         for part in textwrap.wrap(line, width=width, subsequent_indent=indent[:24], break_on_hyphens=False,

@@ -37,9 +37,10 @@ def device_name(cuda: bool) -> str:
 
 
 def build(job, *, backend: str, dtype: str, cuda: bool,
-          peak_memory_bytes: int | None = None) -> RunFacts:
+          peak_memory_bytes: int | None = None, untraced_step_s: float | None = None) -> RunFacts:
     """The metadata record of a run; `peak_memory_bytes`: the largest measured step peak of any
-    rank (written again at the end of the run, when it is known)."""
+    rank, `untraced_step_s`: the median step outside the profiler's steps (both written again at
+    the end of the run, when they are known)."""
     m, grid, t, tel = job.model, job.parallel.grid, job.train, job.telemetry
     name = device_name(cuda)
     return RunFacts(
@@ -68,7 +69,8 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         torch_version=str(torch.__version__), backend=backend, backend_version=backend_version(backend),
         command=shlex.join(job.command),
         profile=Profile(enabled=tel.profile, wait=tel.profile_wait, warmup=tel.profile_warmup,
-                        active=tel.profile_active, comm_tap=tel.comm_tap))
+                        active=tel.profile_active, comm_tap=tel.comm_tap,
+                        untraced_step_s=untraced_step_s if tel.profile else None))
 
 
 def write(path: str, record: RunFacts) -> None:

@@ -26,6 +26,7 @@ class StepLog:
         self.count = 0
         self.peak: int | None = None  # the largest measured peak (every rank: they are reduced)
         self.pending: list[dict] = []  # rows waiting for their peak (the profiled steps on CPU)
+        self.seconds: dict[int, float] = {}  # every rank: its step times, by step
 
     def record(self, step: int, loss: float, seconds: float,
                peak_memory_bytes: int | None = None, pending: bool = False) -> None:
@@ -33,6 +34,7 @@ class StepLog:
         self.last = {"step": step, "loss": loss, "step_seconds": seconds,
                      "tokens_per_second": tps, "peak_memory_bytes": peak_memory_bytes}
         self.count += 1
+        self.seconds[step] = seconds
         self._note_peak(peak_memory_bytes)
         if not self.enabled:
             return
@@ -59,6 +61,16 @@ class StepLog:
             self.writer.append(row)
         if rows:
             self.writer.flush()
+
+    def untraced_median(self, traced: range) -> float | None:
+        """Median step time outside the profiler's `traced` steps and the export step after them,
+        the first step (allocator and gloo warm-up) left out; None with none such."""
+        times = sorted(t for s, t in self.seconds.items()
+                       if s >= 1 and not (traced and traced.start <= s <= traced.stop))
+        if not times:
+            return None
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
 
     def close(self) -> None:
         self.resolve({})  # a window that never closed: its rows are written with null peaks

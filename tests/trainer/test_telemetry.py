@@ -199,3 +199,27 @@ def test_the_default_run_labels_its_trace_without_a_comm_log(tmp_path):
     with gzip.open(run.out / "rank-0.pt.trace.json.gz") as f:
         names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
     assert any(n.startswith("diag:comm:tp:all_reduce:") for n in names), sorted(names)[:20]
+
+
+def test_untraced_median_leaves_out_the_traced_the_export_and_the_first_step():
+    from instrumented_trainer.telemetry.steps import StepLog
+
+    log = StepLog("/nonexistent", False, 1, 9)
+    for step, seconds in enumerate([9.0, 1.0, 7.0, 7.0, 7.0, 3.0, 2.0, 4.0, 5.0]):
+        log.record(step, 0.0, seconds)
+    assert log.untraced_median(range(2, 4)) == 3.0      # traced 2-3, export 4: steps 1, 5-8 (1, 3, 2, 4, 5)
+    assert log.untraced_median(range(0)) == 4.5         # no profiler: steps 1-8 (1, 7, 7, 7, 3, 2, 4, 5)
+    assert StepLog("/nonexistent", False, 1, 1).untraced_median(range(0)) is None
+
+
+def test_the_run_says_its_untraced_steps_median(tmp_path):
+    """diag_run.json's profile.untraced_step_s is the median of the steps outside the profiler's
+    warmup and active steps and the export step, the first left out (one rank: steps.jsonl's own)."""
+    run = run_trainer(tmp_path / "run", 1, "--train-iters", "8", "--profile-wait", "1", "--profile-warmup", "1",
+                      "--profile-active", "1", "--no-metrics")
+    assert_ok(run)
+    profile = json.loads((run.out / "diag_run.json").read_text())["profile"]
+    rows = [json.loads(x) for x in (run.out / "steps.jsonl").read_text().splitlines()]
+    untraced = sorted(r["step_seconds"] for r in rows if r["step"] >= 4)      # traced 1-2, export 3
+    assert len(untraced) == 4 and profile["untraced_step_s"] == pytest.approx((untraced[1] + untraced[2]) / 2,
+                                                                              rel=1e-12)
