@@ -157,7 +157,9 @@ def test_tp_is_priced_as_the_step_pays_it(tmp_path):
     the model meets the measured step. Add to the trace a TP collective the model does not count
     (a loss's all-gather, 6 ms of transfer a step, no busbw of its own): the link as paid is slower
     by 6 ms over the 16 calls, the model's step for the measured layout grows by those 6 ms, and at
-    TP 1 they are gone with the rest of TP (before: held in the residual, TP 1 kept them)."""
+    TP 1 they are gone with the rest of TP (before: held in the residual, TP 1 kept them). Where the
+    TP axis's exposed time is more than its calls' (a host timeline blocked in wait_tensor), that is
+    what TP is priced at."""
     from diag.analysis.results import steps_in_window
 
     w = Workload(num_layers=2, fwd_s_per_layer=4 * MS, tp_bytes_per_layer=4e6)
@@ -178,6 +180,17 @@ def test_tp_is_priced_as_the_step_pays_it(tmp_path):
     assert any(a.startswith("TP as the step pays it: 22 ms per step") for a in paid.assumptions)
     tp1 = replace(c, tp=1, dp=2)
     assert base.predict(tp1) - paid.predict(tp1) == pytest.approx(6 * MS, rel=1e-3)
+    # A host timeline's issuing thread blocked on the TP calls beyond their own time (wait_tensor on
+    # an async functional collective): the TP axis's exposed time, 30 ms a step, is what TP costs
+    (axis,) = [a for a in d.comm.axes if a.axis == "tp"]
+    assert axis.exposed_per_step_s == pytest.approx(16 * MS, rel=1e-3)
+    axis.exposed_per_step_s = 30 * MS
+    exposed = calibrate(d)
+    assert exposed.links.tp == pytest.approx(base.links.tp * 16 / 30, rel=1e-3)
+    assert exposed.model_step_s - base.model_step_s == pytest.approx(14 * MS, rel=1e-3)
+    assert any(a.startswith("TP as the step pays it: 30 ms per step of exposed TP communication (the TP calls' "
+                            "own time 22 ms") for a in exposed.assumptions), exposed.assumptions
+    assert base.predict(tp1) - exposed.predict(tp1) == pytest.approx(14 * MS, rel=1e-3)
 
 
 def test_the_trainers_comm_tap_in_the_profiled_steps_only_is_left_out(tmp_path):
@@ -209,19 +222,22 @@ def test_the_trainers_comm_tap_in_the_profiled_steps_only_is_left_out(tmp_path):
     assert any("comm tap 2 ms per step" in a for a in cal.assumptions)
 
 
-@pytest.mark.parametrize("idle_ms, untraced_ms, k_us, fwd_ms", [
-    (0, 20, 4 / 1.5, 14 / 24), (0, 16, 8 / 1.5, 10 / 24), (8, 22, 10 / 1.5, 16 / 24),
-    (0, 24, 0.0, 18 / 24), (0, 30, 0.0, 18 / 24)])
-def test_the_profilers_own_cost_is_fitted_to_the_untraced_steps(tmp_path, idle_ms, untraced_ms, k_us, fwd_ms):
+@pytest.mark.parametrize("idle_ms, untraced_ms, k_us, fwd_ms, gaps_ms, model_ms", [
+    (0, 20, 4 / 1.5, 14 / 24, 0, 20), (0, 16, 8 / 1.5, 10 / 24, 0, 16), (8, 22, 2 / 1.5, 18 / 24, 2, 30),
+    (8, 14, 10 / 1.5, 16 / 24, 8, 22), (0, 24, 0.0, 18 / 24, 0, 24), (0, 30, 0.0, 18 / 24, 0, 24)])
+def test_the_profilers_own_cost_is_fitted_to_the_untraced_steps(tmp_path, idle_ms, untraced_ms, k_us, fwd_ms,
+                                                                 gaps_ms, model_ms):
     """diag_run.json's profile.untraced_step_s: the run's untraced steps' median. The profiler's cost
-    per recorded operator k comes out of the gaps between operators first (the launch overhead per
-    kernel), then out of the compute that scales; the operators' fixed cost is kept. 4 layers,
-    forward 1 ms, m=2: compute 24 ms per step, fixed 6 ms (0.75 ms per layer per micro-batch),
-    scaled 18 ms (forward 0.75 ms), 1,500 operators a step.
+    per recorded operator k is what the traced step takes over it, out of the model: from the gaps
+    between operators first (the launch overhead per kernel), then from the compute that scales; the
+    operators' fixed cost is kept, and so is the model's residual against the traced step. 4 layers,
+    forward 1 ms, m=2: compute 24 ms per step, the traced step 24 ms, fixed 6 ms (0.75 ms per layer
+    per micro-batch), scaled 18 ms (forward 0.75 ms), 1,500 operators a step.
     Untraced 20 ms, no gaps: 4 ms from the compute, forward 14 / 24 ms (2 x 4 x (3 x 14/24 + 0.75) = 20).
-    Untraced 16 ms: 8 ms, forward 10 / 24 ms. With 8 ms of gaps a step (launch 0.25 ms over 32 kernels;
-    the model of the measured configuration 32 ms) and untraced 22 ms: 10 ms, all 8 of the gaps and
-    2 of compute. Untraced 24 or 30 ms (no shorter than the traced step): nothing is taken out."""
+    Untraced 16 ms: 8 ms, forward 10 / 24 ms. With 8 ms of gaps a step (launch 0.25 ms over 32 kernels:
+    the model of the measured configuration 32 ms, 8 over the traced step, held) and untraced 22 ms:
+    2 ms, from the gaps (the model 30 ms); untraced 14 ms: 10 ms, all 8 of the gaps and 2 of compute
+    (the model 22 ms). Untraced 24 or 30 ms (no shorter than the traced step): nothing is taken out."""
     from diag.runmeta import Profile
 
     w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
@@ -236,13 +252,32 @@ def test_the_profilers_own_cost_is_fitted_to_the_untraced_steps(tmp_path, idle_m
     cal = calibrate(d)
     assert cal.workload.host_fixed_s_per_layer == pytest.approx(0.75 * MS, rel=1e-3)
     assert cal.workload.fwd_s_per_layer == pytest.approx(fwd_ms * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(model_ms * MS, rel=1e-5)
     fitted = [a for a in cal.assumptions if a.startswith("torch.profiler's own cost")]
     if k_us:
-        assert cal.workload.launch_overhead_s == pytest.approx(0.0, abs=1e-9)
+        assert cal.workload.launch_overhead_s == pytest.approx((idle_ms - gaps_ms) * MS / 32, abs=1e-9)
         assert cal.measured_step_s == pytest.approx(untraced_ms * MS)
-        assert cal.model_step_s == pytest.approx(untraced_ms * MS, rel=1e-5)
         (note,) = fitted
         assert f"{k_us:.3g} us per recorded host operator" in note, note
-        assert f"{idle_ms:.3g} ms from the gaps between operators" in note, note
+        assert f"{gaps_ms:.3g} ms from the gaps between operators" in note, note
     else:
         assert not fitted and cal.measured_step_s == pytest.approx(24 * MS, rel=1e-3)
+
+
+def test_the_model_is_fitted_to_the_window_steps_not_the_last_one(tmp_path):
+    """The last ProfilerStep is out of the analysed window (HTA's convention), and on the trainer's CPU
+    runs it is the long one (the profiler stops in it): the calibration's measured step is the mean
+    of the window's steps, whose compute and idle the model holds, so a last step 12 ms longer moves
+    the run's step time (the median of every step) but not the model's fit or its measured step."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(num_micro_batches=2, micro_batch_size=2)
+    host = HostOps(ops_per_step=1500, optimizer_ops_per_step=200, aten_ops_per_step=1000, aten_op_s=2e-6,
+                   framework_per_step_s=4 * MS)
+    d = diagnosis(tmp_path, w, c, host)
+    for r in d.ranks:
+        assert r.steps[-1].in_window is False and r.window_steps == len(r.steps) - 1
+        r.steps[-1] = replace(r.steps[-1], host_s=r.steps[-1].host_s + 12 * MS)
+    d.throughput = replace(d.throughput, step_time_s=30 * MS)      # what a longer last step does to it
+    cal = calibrate(d)
+    assert cal.measured_step_s == pytest.approx(24 * MS, rel=1e-3)
+    assert cal.model_step_s == pytest.approx(24 * MS, rel=1e-3) and cal.fit_error < 1e-3

@@ -29,6 +29,9 @@ from .memory import zero_stage
 from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, step_time
 
 BWD_RATIO = 2.0
+# The untraced steps' median must be this much shorter than the traced step for the profiler's cost
+# to be fitted: closer, the difference is within the spread of a median of a few steps.
+UNTRACED_MARGIN = 0.01
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
 
 
@@ -136,6 +139,20 @@ def _host_ops(d: Diagnosis) -> list:
     return ranks if ranks and len(ranks) == len(d.ranks) else []
 
 
+def _window_step(d: Diagnosis) -> Optional[float]:
+    """The measured step the model is fitted to: the mean over ranks of each rank's steps inside the
+    analysed window, the steps its compute, communication and idle come from. Not the run's step
+    time (Throughput.step_time_s, the median of every ProfilerStep): the last ProfilerStep, left out
+    of the window (HTA's convention), is the one the profiler stops in, and on the trainer's CPU runs
+    it read 10-20% longer than the others (tp_layout's job: 338 and 354 ms against 306 and 292),
+    time the model's inputs do not hold and the predictions would carry. The run's step time where
+    no rank has a step in the window (a whole-trace window)."""
+    inside = [float(np.mean([s.host_s for s in r.steps if s.in_window])) for r in d.ranks if r.window_steps]
+    if inside and len(inside) == len(d.ranks):
+        return float(np.mean(inside))
+    return d.throughput.step_time_s if d.throughput else None
+
+
 def _untraced_tap(d: Diagnosis, notes: list) -> float:
     """Seconds per step of the diag trainer's comm tap (a Python dispatch mode) in the traced steps,
     where its diag_run.json says the tap ran only in the profiled steps: the steps the run is
@@ -146,20 +163,20 @@ def _untraced_tap(d: Diagnosis, notes: list) -> float:
         return 0.0
     tap = float(np.mean([h.dispatch_mode_per_step_s for h in ranks]))
     if tap > 0:
-        notes.append(f"the trainer's comm tap {tap * 1e3:.3g} ms per step (its Python dispatch mode, calls x median "
-                     "self time) left out of the measured step and its compute: diag_run.json says it ran only in "
+        notes.append(f"the trainer's comm tap {tap * 1e3:.3g} ms per step (its Python dispatch mode's self time) "
+                     "left out of the measured step and its compute: diag_run.json says it ran only in "
                      "the profiled steps, so the run's other steps do not pay it")
     return tap
 
 
 def _untraced_step(d: Diagnosis, step: float) -> Optional[float]:
     """The run's untraced steps' median (diag_run.json's profile.untraced_step_s) where it is shorter
-    than the traced `step` on a host timeline with every rank's operators counted: the profiler's
+    than the traced `step` (by UNTRACED_MARGIN) on a host timeline with every rank's operators counted: the profiler's
     own cost per recorded operator is then fitted (calibrate). None otherwise: a GPU timeline's
     kernels do not pay the profiler's host callbacks, and another program's trace does not say."""
     profile = d.facts.profile if d.facts else None
     untraced = profile.untraced_step_s if profile is not None else None
-    if not (untraced and _host_ops(d)) or untraced >= step:     # HostOps: host timelines only
+    if not (untraced and _host_ops(d)) or untraced >= step * (1 - UNTRACED_MARGIN):   # HostOps: host timelines
         return None
     return float(untraced)
 
@@ -199,7 +216,7 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
     notes.append(f"host operators' fixed cost {host * 1e3:.3g} ms per layer per micro-batch (forward + backward, "
                  f"held at any micro-batch size and TP): {h.aten_ops_per_step:,.0f} ATen calls per step x "
                  f"{h.aten_op_s * 1e6:.3g} us (their median self time) + {h.framework_per_step_s * 1e3:.3g} ms "
-                 f"of non-ATen operators (calls x median self time, per name; rank {d.ranks[0].rank}, the mean "
+                 f"of non-ATen operators (their self time; rank {d.ranks[0].rank}, the mean "
                  f"over ranks used), outside "
                  f"torch.optim's spans{', less the comm tap' if tap else ''}; small-GEMM inefficiency is not in it")
     if not any(r.optimizer_ops_per_step for r in ranks):
@@ -207,7 +224,7 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
                      "counted in the fixed cost per micro-batch (an overestimate that shrinks with more micro-batches)")
     if dtensor > 0:
         notes.append(f"DTensor dispatch {dtensor * 1e3:.3g} ms per layer per micro-batch, from its wrappers and "
-                     f"subclass dispatch (calls x median self time, per step {dtensor * per_layer * 1e3:.3g} ms): "
+                     f"subclass dispatch (their self time, per step {dtensor * per_layer * 1e3:.3g} ms): "
                      f"paid at TP > 1 only")
     return host, dtensor
 
@@ -234,13 +251,19 @@ def _tp_as_paid(d: Diagnosis, busbw: float, call_bytes: float, tp: int, calls: i
     if tp < 2 or not calls or not call_bytes or not math.isfinite(busbw):
         return busbw
     ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == "tp" and o.busbw_basis == "transfer"]
-    per_step = sum(o.time_s for o in ops) / _steps(d)
+    calls_s = sum(o.time_s for o in ops) / _steps(d)
+    axis = next((a for a in (d.comm.axes if d.comm else []) if a.axis == "tp"), None)
+    exposed = (axis.exposed_per_step_s or 0.0) if axis is not None and ops else 0.0
+    per_step = max(calls_s, exposed)
     if per_step <= 0:
         return busbw
     paid = calls * call_bytes * bus_factor(Coll.ALL_REDUCE, tp) / per_step
-    notes.append(f"TP as the step pays it: {per_step * 1e3:.3g} ms per step of TP transfers (matched, waits "
-                 f"excluded) over the model's {calls} all-reduces of {call_bytes / 1024:.4g} KiB: "
-                 f"{paid / 1e9:.3g} GB/s effective, against {busbw / 1e9:.3g} GB/s for the median call")
+    what = (f"{exposed * 1e3:.3g} ms per step of exposed TP communication (the TP calls' own time "
+            f"{calls_s * 1e3:.3g} ms: the rest is the issuing thread blocked on them, as a host timeline's "
+            "wait_tensor, or their wrappers)" if exposed > calls_s else
+            f"{per_step * 1e3:.3g} ms per step of TP collectives (their calls' time, matched)")
+    notes.append(f"TP as the step pays it: {what} over the model's {calls} all-reduces of {call_bytes / 1024:.4g} "
+                 f"KiB: {paid / 1e9:.3g} GB/s effective, against {busbw / 1e9:.3g} GB/s for the median call")
     return paid
 
 
@@ -352,13 +375,15 @@ def _schedule(meta: RunFacts) -> dict:
 
 
 def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Links, compute: list, fixed: float,
-                      scaling, traced: float, untraced: float, notes: list) -> tuple[Workload, dict, float, float]:
+                      scaling, traced: float, untraced: float, model_traced: float,
+                      notes: list) -> tuple[Workload, dict, float, float]:
     """The model moved from the traced step to the untraced steps (_untraced_step). torch.profiler
     pays a host callback at each operator it records, which the run's other steps do not: k seconds
-    per recorded operator (HostOps.ops_per_step), fitted so that the model comes to the untraced
-    median. It is taken first from the gaps between operators (the launch overhead the model holds
+    per recorded operator (HostOps.ops_per_step), fitted so that the model falls by what the traced
+    step takes over the untraced median (the model's residual against the traced step, time it does
+    not see, is held as in every prediction). It is taken first from the gaps between operators (the launch overhead the model holds
     per kernel, so per micro-batch: where the callbacks between operators land), then from the
-    compute that scales with the micro-batch; the operators' fixed cost (calls x median self time)
+    compute that scales with the micro-batch; the operators' fixed cost (hostops)
     is kept. Left in, a change of micro-batches would be priced by the traced steps' gaps.
     Returns (workload, stage slowdowns, the model's step, the measured step: the untraced one)."""
     ops = float(np.mean(_per_stage(d, pp, "", of=lambda r: r.host_ops.ops_per_step)))
@@ -378,12 +403,12 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
 
     # at most: all the gaps, and each stage's scaling compute kept at a tenth of itself
     k_max = (gaps + 0.9 * min(x - fixed for x in compute)) / ops if ops > 0 else 0.0
-    k = _fit_profiler(model_at, k_max, untraced) if k_max > 0 else 0.0
+    k = _fit_profiler(model_at, k_max, model_traced - (traced - untraced)) if k_max > 0 else 0.0
     w2, slowdown, from_gaps, from_compute = refit(k)
     model = step_time(w2, *two_replicas(c, links), stage_slowdown=slowdown)
     notes.append(f"torch.profiler's own cost {k * 1e6:.3g} us per recorded host operator ({ops:,.0f} a step per "
-                 f"stage), fitted so that the model of the traced step ({traced * 1e3:.4g} ms) comes to the run's "
-                 f"untraced steps' median ({untraced * 1e3:.4g} ms, diag_run.json), and left out: per stage per step "
+                 f"stage), fitted so that the model falls by what the traced step ({traced * 1e3:.4g} ms) takes over "
+                 f"the run's untraced steps' median ({untraced * 1e3:.4g} ms, diag_run.json), and left out: per stage per step "
                  f"{from_gaps * 1e3:.3g} ms from the gaps between operators, {from_compute * 1e3:.3g} ms from the "
                  "compute. The predictions are for untraced steps")
     return w2, slowdown, model, untraced
@@ -395,10 +420,15 @@ def calibrate(d: Diagnosis) -> Calibration:
     dp = int(meta.dp or max(1, (d.world_size or 1) // (tp * pp * cp)))
     layers, mbs = int(_need(meta, d, "num_layers")), int(_need(meta, d, "micro_batch_size"))
     m = int(_need(meta, d, "num_micro_batches"))
-    step = d.throughput.step_time_s if d.throughput else None
+    step = _window_step(d)
     if not step:
         raise CalibrationError("cannot calibrate the step-time model: no measured step time (no ProfilerStep marks)")
     notes = [f"backward / forward = {BWD_RATIO} (assumed: the trace does not separate them)"]
+    run_step = d.throughput.step_time_s if d.throughput else None
+    if run_step and abs(step / run_step - 1) > 0.005:
+        notes.append(f"measured step {step * 1e3:.4g} ms: the mean of the analysed window's steps, whose compute, "
+                     f"communication and idle the model holds (the run's step time, {run_step * 1e3:.4g} ms, is the "
+                     "median of every ProfilerStep, the last one too, which the window leaves out)")
     tap = _untraced_tap(d, notes)
     compute = [c - tap for c in _per_stage(d, pp, "compute_s")]
     step -= tap
@@ -472,7 +502,7 @@ def calibrate(d: Diagnosis) -> Calibration:
         model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
         if (untraced := _untraced_step(d, step)) is not None:
             w, slowdown, model_now, step = _without_profiler(d, pp, w, c, links, compute, fixed, scaling,
-                                                             step, untraced, notes)
+                                                             step, untraced, model_now, notes)
     except ModelTooBig as e:
         raise CalibrationError(f"cannot calibrate the step-time model: {e}") from None
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "

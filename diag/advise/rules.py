@@ -101,7 +101,7 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
     if not ctx.d.host_timeline:
         return None
     return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced (measured on "
-            "CPU: interleaved 1F1B +21..+37%, ZB1P -4..+10% against -17..-24% predicted; benchmarks/README.md)")
+            "CPU: interleaved 1F1B +17..+44%, ZB1P -9..+20% against -9..-25% predicted; benchmarks/README.md)")
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:

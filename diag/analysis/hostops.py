@@ -13,9 +13,14 @@ micro-batches; dropping DTensor's tensor parallelism). Counted here, per rank, f
   allocations and wrappers whose work is done by their children, so the median is what a call
   costs when it does little data work), plus the self time of the non-ATen operators (autograd
   nodes and engine calls, Python dispatch, DTensor's wrappers: their data work runs in the ATen
-  calls nested in them, so what is left is fixed cost per call), as calls x the median self time
-  of their name: a call the OS preempted holds the lost time in its self time, and on a loaded
-  machine the plain sum was 4x what the same job showed unloaded (the per-name medians agreed);
+  calls nested in them, so what is left is fixed cost per call), as the sum of their self times.
+  Not calls x each name's median (until 2026-11-27): their self times are skewed and often
+  bimodal (DTensor's `Redistribute` 14 us at the 25th percentile, 85 at the median, 118 at the
+  90th; `_FromTorchTensorBackward` 8, 10, 172 us), so the median left a third of them in the
+  compute that scales, which TP 1 then paid twice over. A call the OS preempted does hold the
+  lost time, but so does every other operator of that step: on a loaded machine (load ~5 on 2
+  cores, the step 2.8x) the sum kept the fixed cost's share of the compute (47% against 55%
+  quiet) where the medians let it fall from 36% to 15%;
 - of that, DTensor's dispatch layer: when the trace has DTensor's marks (rankpass.DTENSOR_RE),
   the self time of its wrappers and of the subclass dispatch it runs in (DTENSOR_COST_RE), which
   a run without DTensor does not pay;
@@ -107,17 +112,9 @@ def _inside(t: EventTable, rows: np.ndarray, spans: np.ndarray) -> np.ndarray:
     return inside
 
 
-def calls_x_median_ns(t: EventTable, calls: np.ndarray, selfs: np.ndarray, mask: np.ndarray) -> float:
-    """Sum over the names of `calls[mask]` of their count x their median self time (ns)."""
-    ids, vals = t.name_id[calls[mask]], selfs[mask]
-    if ids.size == 0:
-        return 0.0
-    order = np.lexsort((vals, ids))                   # by name, then self time: each name's run is sorted
-    ids, vals = ids[order], vals[order].astype(np.float64)
-    first = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    count = np.diff(np.r_[first, ids.size])
-    median = (vals[first + (count - 1) // 2] + vals[first + count // 2]) / 2
-    return float((count * median).sum())
+def self_sum_ns(selfs: np.ndarray, mask: np.ndarray) -> float:
+    """The self times of `calls[mask]` added up (ns)."""
+    return float(selfs[mask].sum(dtype=np.float64))
 
 
 def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostOps]:
@@ -142,15 +139,15 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
     fsdp_s = opt_dispatch_s = None
     if fsdp.size:
         fsdp_s = _fsdp_own_ns(t, rows, fsdp) * 1e-9 / steps
-        opt_dispatch_s = calls_x_median_ns(t, calls, selfs, work & in_opt & dispatch) * 1e-9 / steps
+        opt_dispatch_s = self_sum_ns(selfs, work & in_opt & dispatch) * 1e-9 / steps
     return HostOps(
         ops_per_step=float(work.sum()) / steps,
         optimizer_ops_per_step=float((work & in_opt).sum()) / steps,
         aten_ops_per_step=float((aten & ~in_opt & ~in_fsdp).sum()) / steps,
         aten_op_s=float(median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
-        framework_per_step_s=calls_x_median_ns(t, calls, selfs, framework) * 1e-9 / steps,
-        dtensor_per_step_s=calls_x_median_ns(t, calls, selfs, dtensor) * 1e-9 / steps,
-        dispatch_mode_per_step_s=calls_x_median_ns(t, calls, selfs, framework & t.name_mask(MODE_RE.match)[calls])
+        framework_per_step_s=self_sum_ns(selfs, framework) * 1e-9 / steps,
+        dtensor_per_step_s=self_sum_ns(selfs, dtensor) * 1e-9 / steps,
+        dispatch_mode_per_step_s=self_sum_ns(selfs, framework & t.name_mask(MODE_RE.match)[calls])
         * 1e-9 / steps,
         fsdp_per_step_s=fsdp_s, fsdp_optimizer_dispatch_per_step_s=opt_dispatch_s)
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.11"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s
+SCHEMA_VERSION = "1.12"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median
 
 
 @dataclass
@@ -77,7 +77,7 @@ class HostOps:
     optimizer_ops_per_step: float     # of which inside torch.optim's `Optimizer.*` spans
     aten_ops_per_step: float          # ATen operators outside the optimizer's spans
     aten_op_s: float                  # median self time of an ATen operator: its fixed cost
-    framework_per_step_s: float       # non-ATen operators outside the optimizer's spans: calls x median self time, per name
+    framework_per_step_s: float       # non-ATen operators outside the optimizer's spans: their self time
     dtensor_per_step_s: float = 0.0   # of which DTensor's dispatch layer (0 without DTensor)
     dispatch_mode_per_step_s: float = 0.0  # of which Python dispatch modes' calls (PythonDispatchMode)
     # FSDP2's own host time (analysis.hostops), None where the trace has no FSDP2 marks: its spans less
