@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= trainer,hta,dashboard,bench,cluster,dev
 
-.PHONY: setup system-deps demo test audit bench bench-scale bench-big clean
+.PHONY: setup system-deps demo test audit bench bench-scale bench-big bench-tune clean
 
 # Debian packages the tests use for real: a headless browser for the dashboard test and a
 # Prometheus server (with promtool) for the metrics integration test.
@@ -76,6 +76,13 @@ bench-scale: setup
 bench-big: setup
 	@mkdir -p bench_out
 	$(BIN)/python benchmarks/bench_big.py --gz --hta --out bench_out/bench_big_2gb.json
+
+# Issue #19's closed loop: each lever the recommender can propose, on a small trainer job built to
+# trip it, applied and re-run; predicted against measured step change and peak memory (a benchmark:
+# read its ratios next to the noise it prints; benchmarks/README.md has the readings).
+bench-tune: setup
+	@mkdir -p bench_out
+	$(BIN)/python benchmarks/bench_tune.py --repeats 2 --out bench_out/tune
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
