@@ -62,6 +62,16 @@ def test_exposed_dp_recommends_overlap_priced_by_the_model(tmp_path):
     truth = step_time(w, Config(dp=2, num_micro_batches=4, bucket_bytes=1e8, overlap_grad_reduce=True), links)
     assert rec.step_s_after == pytest.approx(truth, rel=1e-3)
     assert rec.step_s_before == pytest.approx(step_time(w, c, links), rel=1e-3)
+    assert not any("gloo's threads" in a for a in rec.assumptions)        # a GPU timeline: no caveat
+
+
+def test_dp_overlap_on_a_cpu_timeline_is_low_confidence_and_says_why():
+    """On a host timeline gloo's threads run the overlapped all-reduce beside the backward on the same
+    cores, which the model does not price (measured: +1..+5% against -5..-8% predicted): said, and low."""
+    d = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap")))
+    rec = next(r for r in d.recommendations if r.rule == "dp_overlap")
+    assert rec.confidence == "low" and rec.flags == {"--overlap-grad-reduce": ""}
+    assert any("gloo's threads run the overlapped all-reduce" in a for a in rec.assumptions), rec.assumptions
 
 
 def test_imbalanced_stages_recommend_moving_layers(tmp_path):
