@@ -76,7 +76,9 @@ def test_dp_buckets_below_the_curves_plateau_get_a_recommendation():
     elements = (2 << 20) // 4                             # fp32 gradients: 4 bytes per element
     assert rec.flags == {"--ddp-bucket-size": str(elements)}
     (dp,) = [a for a in d.comm.axes if a.axis == "dp"]
-    step = d.throughput.step_time_s
+    # the measured step the predictions start from: the mean of the analysed window's steps (calibrate)
+    step = sum(sum(s.host_s for s in r.steps if s.in_window) / r.window_steps for r in d.ranks) / len(d.ranks)
+    assert rec.step_s_before == pytest.approx(step, rel=1e-9)
     assert rec.step_s_after == pytest.approx(step - dp.exposed_per_step_s * (1 - o.achievable_gbps / 1.0))
     # on the plateau already, or a plateau beyond all the gradients: nothing to propose
     for plateau in (1024, 64 << 20):
