@@ -106,13 +106,13 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
 
 def _host_overlap_caveat(ctx: Context) -> Optional[str]:
     """On a host (CPU) timeline gloo runs an overlapped all-reduce on threads of its own, which need a
-    core the backward may be using; what the overlap then hides is not in a trace without it
-    (measured: benchmarks/README.md): said, and the confidence low."""
+    core the backward may be using: what the overlap then hides is less than the model's all and is
+    not in a trace without it (measured: benchmarks/README.md): said, and the confidence low."""
     if not ctx.d.host_timeline:
         return None
-    return ("on a CPU timeline gloo's threads run the overlapped all-reduce beside the backward on the same cores, "
-            "which the model does not price (measured on CPU, 2 ranks on 2 cores: +1..+5% against -5..-8% "
-            "predicted; benchmarks/README.md)")
+    return ("on a CPU timeline gloo's threads run the overlapped all-reduce on the cores the backward uses: the model "
+            "hides all of it, a 2-rank micro-benchmark hid 45-75% (benchmarks/gloo_overlap.py), and the trainer's "
+            "jobs on 2 cores measured +1..+5% against -5..-8% predicted (benchmarks/README.md)")
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
