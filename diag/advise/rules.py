@@ -111,7 +111,7 @@ def _host_overlap_caveat(ctx: Context) -> Optional[str]:
     if not ctx.d.host_timeline:
         return None
     return ("on a CPU timeline gloo's threads run the overlapped all-reduce on the cores the backward uses: the model "
-            "hides all of it, a 2-rank micro-benchmark hid 45-75% (benchmarks/gloo_overlap.py), and the trainer's "
+            "hides all of it, a 2-rank micro-benchmark hid 40-75% (benchmarks/gloo_overlap.py), and the trainer's "
             "jobs on 2 cores measured +1..+5% against -5..-8% predicted (benchmarks/README.md)")
 
 
