@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -114,9 +114,14 @@ def _steps(d: Diagnosis) -> int:
     return steps_in_window(d.ranks)
 
 
-def _per_stage(d: Diagnosis, pp: int, what: str, of=None) -> list[float]:
-    """Per pipeline stage, the mean over its ranks of breakdown.<what>_s per step (or of `of(rank)`,
-    a per-step figure of the rank)."""
+def _per_step(what: str) -> Callable:
+    """A rank's breakdown.<what> per step of its window: the figure _per_stage usually takes."""
+    return lambda r: getattr(r.breakdown, what) / max(r.window_steps, 1)
+
+
+def _per_stage(d: Diagnosis, pp: int, of: Callable) -> list[float]:
+    """Per pipeline stage, the mean over its ranks of `of(rank)`, a per-step figure of the rank
+    (_per_step for its breakdown's)."""
     if d.pipeline and d.pipeline.stages:
         stage_of = {r: st.stage for st in d.pipeline.stages for r in st.ranks}
     else:                                        # one stage, or the Megatron order as the facts say
@@ -127,7 +132,7 @@ def _per_stage(d: Diagnosis, pp: int, what: str, of=None) -> list[float]:
     for r in d.ranks:                            # by the ranks present: a claimed PP costs nothing
         s = stage_of.get(r.rank)
         if s is not None and 0 <= s < pp:
-            by_stage.setdefault(s, []).append(of(r) if of else getattr(r.breakdown, what) / max(r.window_steps, 1))
+            by_stage.setdefault(s, []).append(of(r))
     if len(by_stage) < pp:
         raise CalibrationError("cannot calibrate the step-time model: a pipeline stage has no trace here")
     return [float(np.mean(by_stage[s])) for s in range(pp)]
@@ -171,9 +176,10 @@ def _untraced_tap(d: Diagnosis, notes: list) -> float:
 
 def _untraced_step(d: Diagnosis, step: float) -> Optional[float]:
     """The run's untraced steps' median (diag_run.json's profile.untraced_step_s) where it is shorter
-    than the traced `step` (by UNTRACED_MARGIN) on a host timeline with every rank's operators counted: the profiler's
-    own cost per recorded operator is then fitted (calibrate). None otherwise: a GPU timeline's
-    kernels do not pay the profiler's host callbacks, and another program's trace does not say."""
+    than the traced `step` (by UNTRACED_MARGIN) on a host timeline with every rank's operators
+    counted: the profiler's own cost per recorded operator is then fitted (calibrate). None
+    otherwise: a GPU timeline's kernels do not pay the profiler's host callbacks, and another
+    program's trace does not say."""
     profile = d.facts.profile if d.facts else None
     untraced = profile.untraced_step_s if profile is not None else None
     if not (untraced and _host_ops(d)) or untraced >= step * (1 - UNTRACED_MARGIN):   # HostOps: host timelines
@@ -381,12 +387,13 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     pays a host callback at each operator it records, which the run's other steps do not: k seconds
     per recorded operator (HostOps.ops_per_step), fitted so that the model falls by what the traced
     step takes over the untraced median (the model's residual against the traced step, time it does
-    not see, is held as in every prediction). It is taken first from the gaps between operators (the launch overhead the model holds
-    per kernel, so per micro-batch: where the callbacks between operators land), then from the
-    compute that scales with the micro-batch; the operators' fixed cost (hostops)
-    is kept. Left in, a change of micro-batches would be priced by the traced steps' gaps.
+    not see, is held as in every prediction). It is taken first from the gaps between operators
+    (the launch overhead the model holds per kernel, so per micro-batch: where the callbacks between
+    operators land), then from the compute that scales with the micro-batch; the operators' fixed
+    cost (hostops) is kept. Left in, a change of micro-batches would be priced by the traced steps'
+    gaps.
     Returns (workload, stage slowdowns, the model's step, the measured step: the untraced one)."""
-    ops = float(np.mean(_per_stage(d, pp, "", of=lambda r: r.host_ops.ops_per_step)))
+    ops = float(np.mean(_per_stage(d, pp, lambda r: r.host_ops.ops_per_step)))
     halves = c.num_micro_batches * HALVES * w.num_layers // pp
     gaps = w.launch_overhead_s * halves                  # per stage per step
 
@@ -407,8 +414,9 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     w2, slowdown, from_gaps, from_compute = refit(k)
     model = step_time(w2, *two_replicas(c, links), stage_slowdown=slowdown)
     notes.append(f"torch.profiler's own cost {k * 1e6:.3g} us per recorded host operator ({ops:,.0f} a step per "
-                 f"stage), fitted so that the model falls by what the traced step ({traced * 1e3:.4g} ms) takes over "
-                 f"the run's untraced steps' median ({untraced * 1e3:.4g} ms, diag_run.json), and left out: per stage per step "
+                 f"stage), fitted so that the model falls by what the traced step ({traced * 1e3:.4g} ms) takes "
+                 f"over the run's untraced steps' median ({untraced * 1e3:.4g} ms, diag_run.json), and left out: "
+                 "per stage per step "
                  f"{from_gaps * 1e3:.3g} ms from the gaps between operators, {from_compute * 1e3:.3g} ms from the "
                  "compute. The predictions are for untraced steps")
     return w2, slowdown, model, untraced
@@ -430,9 +438,9 @@ def calibrate(d: Diagnosis) -> Calibration:
                      f"communication and idle the model holds (the run's step time, {run_step * 1e3:.4g} ms, is the "
                      "median of every ProfilerStep, the last one too, which the window leaves out)")
     tap = _untraced_tap(d, notes)
-    compute = [c - tap for c in _per_stage(d, pp, "compute_s")]
+    compute = [c - tap for c in _per_stage(d, pp, _per_step("compute_s"))]
     step -= tap
-    idle = _per_stage(d, pp, "idle_s")
+    idle = _per_stage(d, pp, _per_step("idle_s"))
     per_stage_halves = m * HALVES * layers // pp
     launch = float(median(idle)) / per_stage_halves
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward

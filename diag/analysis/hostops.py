@@ -113,7 +113,7 @@ def _inside(t: EventTable, rows: np.ndarray, spans: np.ndarray) -> np.ndarray:
 
 
 def self_sum_ns(selfs: np.ndarray, mask: np.ndarray) -> float:
-    """The self times of `calls[mask]` added up (ns)."""
+    """The self times (ns) of the calls `mask` selects, added up."""
     return float(selfs[mask].sum(dtype=np.float64))
 
 

@@ -11,6 +11,7 @@ peaks are known); null where nothing was measured (not a measured 0).
 from __future__ import annotations
 
 import os
+import statistics
 
 from .safe import JsonlWriter
 
@@ -65,12 +66,8 @@ class StepLog:
     def untraced_median(self, traced: range) -> float | None:
         """Median step time outside the profiler's `traced` steps and the export step after them,
         the first step (allocator and gloo warm-up) left out; None with none such."""
-        times = sorted(t for s, t in self.seconds.items()
-                       if s >= 1 and not (traced and traced.start <= s <= traced.stop))
-        if not times:
-            return None
-        mid = len(times) // 2
-        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+        times = [t for s, t in self.seconds.items() if s >= 1 and not (traced and traced.start <= s <= traced.stop)]
+        return statistics.median(times) if times else None
 
     def close(self) -> None:
         self.resolve({})  # a window that never closed: its rows are written with null peaks
