@@ -27,6 +27,7 @@ from ..trace.columns import median
 from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
 from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, step_time
+from .schedule import WEIGHT_SHARE
 
 BWD_RATIO = 2.0
 # The untraced steps' median must be this much shorter than the traced step for the profiler's cost
@@ -142,6 +143,20 @@ def _host_ops(d: Diagnosis) -> list:
     """Every rank's HostOps; empty unless each rank has them (host timelines only)."""
     ranks = [r.host_ops for r in d.ranks if r.host_ops is not None]
     return ranks if ranks and len(ranks) == len(d.ranks) else []
+
+
+def _weight_share(d: Diagnosis, notes: list) -> float:
+    """The weight gradients' share of a layer's backward (the zero-bubble schedule's W pass): the mean
+    over the ranks that show their backward (RankResult.backward, analysis.backward), else half."""
+    shares = [r.backward.weight_share for r in d.ranks if r.backward and r.backward.weight_share]
+    if not shares:
+        notes.append(f"weight gradients {WEIGHT_SHARE:.0%} of each layer's backward (assumed: no autograd nodes "
+                     "in the trace; a torch.profiler trace with its host operators shows them)")
+        return WEIGHT_SHARE
+    share = min(max(float(np.mean(shares)), 0.01), 0.99)
+    notes.append(f"weight gradients {share:.0%} of each layer's backward: half the compute in its linear layers' "
+                 f"autograd nodes over all of the backward's ({len(shares)} rank{'s' * (len(shares) > 1)} mean)")
+    return share
 
 
 def _window_step(d: Diagnosis) -> Optional[float]:
@@ -484,7 +499,8 @@ def calibrate(d: Diagnosis) -> Calibration:
                  cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
-                 fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline)
+                 fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
+                 weight_share=_weight_share(d, notes if pp > 1 else []))
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),

@@ -22,7 +22,7 @@ from ..layout import RankGrid
 from ..trace.columns import median
 from ..trace.kinds import Coll
 from .memory import ZERO_STAGES
-from .schedule import SCHEDULES, Engine, Place, StageCosts, step_program
+from .schedule import SCHEDULES, WEIGHT_SHARE, Engine, Place, StageCosts, step_program
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
 # The simulation's work: ranks x steps x micro-batches x layers per stage, each a few events in
@@ -83,6 +83,8 @@ class Workload:
                                     # 0: as many as the gradients (fp32 parameters)
     blocking_gathers: bool = False  # ZeRO-3's gathers and scatters hold the issuing thread (a host timeline:
                                     # gloo runs the collective in the call), so no prefetch hides them
+    weight_share: float = WEIGHT_SHARE  # the weight gradients' share of a layer's backward: what the zero-
+                                        # bubble schedule's W pass defers (analysis.backward measures it)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -94,6 +96,8 @@ class Workload:
                      "fsdp_optimizer_s_per_layer", "param_bytes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.weight_share < 1:
+            raise ValueError(f"weight_share must be in (0, 1), got {self.weight_share!r}")
         if self.recompute not in ("none", "full"):
             raise ValueError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
 
@@ -241,7 +245,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         buckets=dp_buckets(layers, grad_layer, c, links),
         optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1))
         + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
-        chunks=c.virtual_stages, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
+        chunks=c.virtual_stages, weight_share=w.weight_share, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,
         cp_dkv_s=gather_s(cp_dkv, c.cp, links.cp, links.latency_s), cp_dkv_bytes=cp_dkv)

@@ -89,7 +89,8 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
                         "while a stage would wait for its neighbours: the bubble shrinks from (p-1)(F+B+W) to "
                         "(p-1)(F+B-W) (Qi et al. 2023, ZB-H1); every stage then holds min(m, p) micro-batches, as the "
                         "first does under 1F1B (the deferred weight passes keep their layers' inputs)",
-                    assumptions=["weight gradients are half of each layer's backward",
+                    assumptions=[f"weight gradients {ctx.cal.workload.weight_share:.0%} of each layer's backward "
+                                 "(model calibration)",
                                  "torchtitan: --parallelism.pipeline_parallel_schedule InterleavedZeroBubble; "
                                  "Megatron-LM has no zero-bubble schedule"] + ([host] if host else []),
                     confidence="low" if host else None)
@@ -100,8 +101,10 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
     which the model does not price (measured: benchmarks/README.md): said, and the confidence low."""
     if not ctx.d.host_timeline:
         return None
-    return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced (measured on "
-            "CPU: interleaved 1F1B +17..+44%, ZB1P -9..+20% against -9..-25% predicted; benchmarks/README.md)")
+    return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced: where actions "
+            "take a few ms it outweighs the bubble removed (measured on CPU, ~2 ms actions: interleaved 1F1B "
+            "+17..+53%, ZB1P +15..+20% against -11..-24% predicted; ~70 ms actions: within 16% of the "
+            "prediction; benchmarks/README.md)")
 
 
 def _host_overlap_caveat(ctx: Context) -> Optional[str]:

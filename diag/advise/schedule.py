@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb1p")
-WEIGHT_SHARE = 0.5      # zero-bubble: the weight-gradient pass's share of a layer's backward (one GEMM of two)
+WEIGHT_SHARE = 0.5      # zero-bubble: the weight-gradient pass's share of a layer's backward where the trace does
+                        # not say (one GEMM of two; Workload.weight_share, from analysis.backward, where it does)
 WHATS = ("compute", "send", "recv", "coll", "launch", "wait", "idle", "mark")
 
 
@@ -122,6 +123,7 @@ class StageCosts:
     optimizer_s: float
     overlap_dp: bool
     chunks: int = 1                 # model chunks per rank (v of the interleaved schedule)
+    weight_share: float = WEIGHT_SHARE  # zero-bubble: the weight gradients' share of a layer's backward
     tp: int = 1                     # TP size: its all-reduces are written even where one member stands for all
     # ZeRO (model.py): 1-2 reduce-scatter the buckets and all-gather the stage's parameters after
     # the optimizer; 3 all-gathers each layer's parameters before its forward and its backward
@@ -271,7 +273,7 @@ class ProgramWriter:
         per_chunk = c.layers // c.chunks
         if (src := self._virtual(chunk, +1)) is not None:
             self.main.append(self._p2p("recv", "grad", mb, src[0], p.rank, chunk))
-        half = c.bwd_half_s * (1 - WEIGHT_SHARE) if split else c.bwd_half_s
+        half = c.bwd_half_s * (1 - c.weight_share) if split else c.bwd_half_s
         for j, layer in enumerate(self._backward_layers(chunk)):
             if c.zero >= 3:
                 self._gather(("B", mb, chunk), j, per_chunk)
@@ -291,7 +293,7 @@ class ProgramWriter:
         """The zero-bubble schedule's weight-gradient pass ("W"): no communication of its own;
         the layer's gradients are ready after it (DP bucket, ZeRO-3 reduce-scatter)."""
         for layer in self._backward_layers(chunk):
-            self.main.append(Instr("compute", "bwd_weight", 2 * self.c.bwd_half_s * WEIGHT_SHARE))
+            self.main.append(Instr("compute", "bwd_weight", 2 * self.c.bwd_half_s * self.c.weight_share))
             self._gradients_ready(layer, last)
 
     def _backward_layers(self, chunk: int) -> range:

@@ -25,18 +25,17 @@ from typing import Optional
 import numpy as np
 
 from ..trace.columns import distinct
-from ..trace.kinds import Coll, Kind
+from ..trace.kinds import Coll
 from ..trace.table import RankTrace
 from . import intervals as iv
 from .breakdown import timeline_sets
 from .collectives import AXES, RankComms, attribute_axes, gpu_comms, host_comms
 from .layoutfind import JobLayout
-from .hostlink import enclosing, launches
+from .backward import backward_compute
 from .ppactions import SINGLE_STAGE, SOURCES, PPTrace, read_rank
 from .steps import Window, window_of, work_spans
 
 KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")
-_BACKWARD = "autograd::engine::evaluate_function"
 _OPTIMIZER = "Optimizer.step"
 _P2P = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
 NS = 1e-9
@@ -87,24 +86,10 @@ class PipelineGantt:
         return 1 + sum(r.stage == stage for r in self.others)
 
 
-def _spans(t, name_prefix: str) -> iv.Intervals:
-    rows = np.flatnonzero(t.name_mask(lambda s: s.startswith(name_prefix)) & t.mask(Kind.CPU_OP, Kind.ANNOTATION))
-    return iv.merge(t.ts_ns[rows], t.end_ns[rows])
-
-
 def _compute_parts(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) -> dict:
     """forward / backward / optimizer interval sets that together make up `compute`."""
-    t = rt.events
-    if timeline == "host":
-        bwd = iv.intersect(compute, _spans(t, _BACKWARD))
-        opt = iv.subtract(iv.intersect(compute, _spans(t, _OPTIMIZER)), bwd)
-    else:
-        rows = w.rows[t.kind[w.rows] == Kind.COMPUTE]
-        lts, lth = launches(t, rows)
-        in_bwd = enclosing(t, lts, lth, lambda s: s.startswith(_BACKWARD)) >= 0
-        in_opt = enclosing(t, lts, lth, lambda s: s.startswith(_OPTIMIZER)) >= 0
-        bwd = iv.merge(t.ts_ns[rows[in_bwd]], t.end_ns[rows[in_bwd]])
-        opt = iv.subtract(iv.merge(t.ts_ns[rows[in_opt & ~in_bwd]], t.end_ns[rows[in_opt & ~in_bwd]]), bwd)
+    bwd = backward_compute(rt, w, timeline, compute)
+    opt = iv.subtract(backward_compute(rt, w, timeline, compute, lambda s: s.startswith(_OPTIMIZER)), bwd)
     return {"backward": bwd, "optimizer": opt, "forward": iv.subtract(compute, iv.merge(
         np.concatenate([bwd[0], opt[0]]), np.concatenate([bwd[1], opt[1]])))}
 

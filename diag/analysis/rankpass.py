@@ -19,6 +19,7 @@ from ..trace.table import RankTrace
 from .breakdown import analyse_timeline, exposed_comm_by_step, timeline_sets
 from .collectives import RankComms, gpu_comms, host_comms
 from .gantt import GanttInput, gantt_input
+from .backward import backward_split
 from .hostops import host_ops
 from .kernels import top_kernels
 from .memuse import RankMemory, compute_device, rank_memory
@@ -103,7 +104,8 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         step_time_s=float(median([s.host_s for s in step_list])) if step_list else None,
         top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
-        host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None)
+        host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None,
+        backward=backward_split(rt, w, timeline, sets.compute))
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
                        gantt=gantt_input(rt, w, timeline, sets.compute),

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..runmeta import RunFacts
 
-SCHEMA_VERSION = "1.12"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median
+SCHEMA_VERSION = "1.13"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit)
 
 
 @dataclass
@@ -92,6 +92,21 @@ class HostOps:
 
 
 @dataclass
+class BackwardSplit:
+    """The backward pass's compute and its weight-gradient GEMMs', per step (analysis.backward): what
+    the zero-bubble schedule's weight pass ("W") takes out of each backward."""
+
+    backward_s: float                 # compute inside autograd nodes, per step
+    weight_gemm_s: float              # of which inside the linear layers' nodes (backward.WEIGHT_GEMM_NODES)
+
+    @property
+    def weight_share(self) -> Optional[float]:
+        """The weight gradients' share of the backward: half the linear layers' nodes (their input
+        and weight gradients are one GEMM each, of the same FLOPs); None without backward compute."""
+        return 0.5 * self.weight_gemm_s / self.backward_s if self.backward_s > 0 else None
+
+
+@dataclass
 class RankResult:
     """Everything measured on one rank."""
 
@@ -108,6 +123,7 @@ class RankResult:
     excluded_events: int = 0
     notes: list[str] = field(default_factory=list)
     host_ops: Optional[HostOps] = None    # host timelines only: operator counts and fixed costs
+    backward: Optional[BackwardSplit] = None  # None where the trace has no autograd nodes' compute
 
     @property
     def window_steps(self) -> int:

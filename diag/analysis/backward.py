@@ -1,0 +1,62 @@
+"""The backward pass's compute, and the part of it a zero-bubble schedule can defer.
+
+Problem: the zero-bubble schedules (Qi et al. 2023; torch.distributed.pipelining's ZB1P, ZBV)
+split each backward into its input gradients ("I", on the critical path) and its weight
+gradients ("W", run later to fill the bubble). What they gain depends on W's share of the
+backward, which is not a half: a linear layer's backward is two GEMMs of the same FLOPs (dX and
+dW), but attention's core, the norms and the activations have input gradients only.
+
+Read per rank, on the window's steps: the compute inside autograd nodes
+(`autograd::engine::evaluate_function: <Node>`: on a host timeline the compute intervals under
+those spans, on a GPU the compute kernels launched from inside one), and of it the compute inside
+the linear layers' nodes (WEIGHT_GEMM_NODES). W's share is half the latter over the former.
+A trace without autograd nodes (no host operators recorded) gives None: the share is unknown.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.table import RankTrace
+from . import intervals as iv
+from .hostlink import enclosing, launches
+from .results import BackwardSplit
+from .steps import Window
+
+BACKWARD = "autograd::engine::evaluate_function"
+# autograd nodes of layers with a weight: torch's own (nn.Linear: addmm with a bias, mm without),
+# Megatron-LM's tensor-parallel linears (LinearWithGradAccumulationAndAsyncCommunication), Transformer
+# Engine's fused modules (_Linear, _LayerNormLinear, _LayerNormMLP)
+WEIGHT_GEMM_NODES = re.compile(BACKWARD + r": (AddmmBackward0|MmBackward0|\w*Linear\w*Backward\w*|"
+                               r"_LayerNormMLPBackward)$")
+
+
+def _spans(t, keep) -> iv.Intervals:
+    rows = np.flatnonzero(t.name_mask(keep) & t.mask(Kind.CPU_OP, Kind.ANNOTATION))
+    return iv.merge(t.ts_ns[rows], t.end_ns[rows])
+
+
+def backward_compute(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals,
+                     keep=lambda s: s.startswith(BACKWARD)) -> iv.Intervals:
+    """The compute of the autograd nodes `keep` selects (by name): on a host timeline `compute`
+    under their spans, on a GPU the window's compute kernels launched from inside one."""
+    t = rt.events
+    if timeline == "host":
+        return iv.intersect(compute, _spans(t, keep))
+    rows = w.rows[t.kind[w.rows] == Kind.COMPUTE]
+    lts, lth = launches(t, rows)
+    inside = rows[enclosing(t, lts, lth, keep) >= 0]
+    return iv.merge(t.ts_ns[inside], t.end_ns[inside])
+
+
+def backward_split(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) -> Optional[BackwardSplit]:
+    """The backward's compute and its linear layers' share, per window step; None without any."""
+    steps = len(set(w.step_index[w.step_index >= 0].tolist())) or 1
+    every = backward_compute(rt, w, timeline, compute)
+    if iv.length(every) == 0:
+        return None
+    linear = iv.intersect(every, backward_compute(rt, w, timeline, compute, WEIGHT_GEMM_NODES.match))
+    return BackwardSplit(backward_s=iv.length(every) * 1e-9 / steps, weight_gemm_s=iv.length(linear) * 1e-9 / steps)

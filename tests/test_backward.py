@@ -1,0 +1,146 @@
+"""The backward's compute and its linear layers' share (analysis.backward), the zero-bubble
+schedule's weight pass priced on it (advise.schedule), worked by hand and read against the raw
+events of real traces."""
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from diag.advise import Config, Links, Workload
+from diag.advise.model import step_time
+from diag.analysis.backward import WEIGHT_GEMM_NODES
+from diag.analysis.rankpass import summarize
+from diag.trace import load_job
+
+from kineto import TraceBuilder
+
+US, MS = 1e-6, 1e-3
+NODE = "autograd::engine::evaluate_function: "
+
+
+def _result(tmp_path, b: TraceBuilder):
+    b.write(str(tmp_path / "rank0.json"))
+    return summarize(load_job(str(tmp_path)).ranks[0]).result
+
+
+def test_host_backward_and_its_linear_layers(tmp_path):
+    """Two steps of 1000 us (the window keeps the first). In it: AddmmBackward0 [100,300) holding
+    two mm of 80 us, ScaledDotProduct...Backward0 [300,400), MmBackward0 [400,440), a forward mm
+    [500,600) outside every node, a gloo all-reduce [600,650) inside NativeLayerNormBackward0
+    [600,700) (communication: not compute). Backward compute 200 + 100 + 40 + 50 = 390 us, of it
+    the linear layers' 240 us: the weight gradients half of that, 120 / 390."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    b.cpu_op(NODE + "AddmmBackward0", 100, 200).cpu_op("aten::mm", 110, 80).cpu_op("aten::mm", 200, 80)
+    b.cpu_op(NODE + "ScaledDotProductFlashAttentionForCpuBackward0", 300, 100)
+    b.cpu_op(NODE + "MmBackward0", 400, 40).cpu_op("aten::mm", 500, 100)
+    b.cpu_op(NODE + "NativeLayerNormBackward0", 600, 100).cpu_op("c10d::allreduce_", 600, 50)
+    b.cpu_op(NODE + "AddmmBackward0", 1100, 300)                    # the second step: out of the window
+    split = _result(tmp_path, b).backward
+    assert split.backward_s == pytest.approx(390 * US)
+    assert split.weight_gemm_s == pytest.approx(240 * US)
+    assert split.weight_share == pytest.approx(120 / 390)
+
+
+def test_gpu_backward_is_the_kernels_launched_inside_its_nodes(tmp_path):
+    """On a GPU: the compute kernels launched from inside a node, wherever they run. AddmmBackward0
+    [100,200) launches two 300 us GEMMs (at 150 and 180: kernels [400,700) and [700,1000)), the
+    flash-attention backward node [200,260) one 400 us kernel [1000,1400); a forward GEMM launched
+    at 50 [300,400) is outside. Backward 1000 us, linear 600: share 0.3."""
+    b = TraceBuilder().step(1, 0, 2000).step(2, 2000, 100)
+    b.cpu_op(NODE + "AddmmBackward0", 100, 100).cpu_op(NODE + "FlashAttnFuncBackward", 200, 60)
+    b.kernel("sm90_xmma_gemm_fwd", 300, 100, launch_us=50)
+    b.kernel("sm90_xmma_gemm_dgrad", 400, 300, launch_us=150).kernel("sm90_xmma_gemm_wgrad", 700, 300, launch_us=180)
+    b.kernel("flash_bwd_kernel", 1000, 400, launch_us=230)
+    split = _result(tmp_path, b).backward
+    assert (split.backward_s, split.weight_gemm_s) == (pytest.approx(1000 * US), pytest.approx(600 * US))
+    assert split.weight_share == pytest.approx(0.3)
+
+
+def test_no_autograd_nodes_is_unknown_not_zero(tmp_path):
+    b = TraceBuilder().step(1, 0, 1000).step(2, 1000, 100).kernel("gemm", 100, 500, launch_us=50)
+    assert _result(tmp_path, b).backward is None
+
+
+def test_linear_layers_nodes_of_torch_megatron_and_te():
+    for node in ("AddmmBackward0", "MmBackward0", "LinearWithGradAccumulationAndAsyncCommunicationBackward",
+                 "_LinearBackward", "_LayerNormLinearBackward", "_LayerNormMLPBackward"):
+        assert WEIGHT_GEMM_NODES.match(NODE + node), node
+    for node in ("BmmBackward0", "ScaledDotProductFlashAttentionForCpuBackward0", "NativeLayerNormBackward0",
+                 "torch::autograd::AccumulateGrad"):
+        assert not WEIGHT_GEMM_NODES.match(NODE + node), node
+
+
+def _raw_host_split(path: str) -> tuple[float, float]:
+    """Truth from the raw events of a CPU trace with no communication inside its nodes: the union of
+    the autograd nodes' spans in the window (every ProfilerStep but the last), all and linear."""
+    events = json.load(gzip.open(path))["traceEvents"]
+    steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep")), key=lambda e: e["ts"])
+    lo, hi = steps[0]["ts"], steps[-1]["ts"]
+    nodes = [e for e in events if e.get("ph") == "X" and e["name"].startswith(NODE) and lo <= e["ts"] < hi]
+
+    def union(evs):
+        total, end = 0.0, -np.inf
+        for e in sorted(evs, key=lambda e: e["ts"]):
+            s, t = e["ts"], e["ts"] + e["dur"]
+            total += max(0.0, t - max(s, end))
+            end = max(end, t)
+        return total * US / (len(steps) - 1)
+    return union(nodes), union([e for e in nodes if WEIGHT_GEMM_NODES.match(e["name"])])
+
+
+def test_real_cpu_trace_against_its_raw_events():
+    path = "sample_traces/pp2_m2/rank-0.pt.trace.json.gz"
+    truth_all, truth_linear = _raw_host_split(path)
+    split = summarize(load_job(path).ranks[0]).result.backward
+    assert split.backward_s == pytest.approx(truth_all, rel=1e-6)
+    assert split.weight_gemm_s == pytest.approx(truth_linear, rel=1e-6)
+    assert 0.2 < split.weight_share < 0.5
+
+
+def test_zero_bubble_prices_the_measured_weight_share():
+    """p = 2, m = 2, one layer a stage, forward f, backward 2f split into I = 2f(1 - s) and W = 2fs,
+    no communication. Stage 1 runs F0 I0 F1 I1 W0 W1: F0 at f-2f, I0 to 2f + I, F1 to 3f + I, I1 to
+    3f + 2I, then both W: 3f + 2I + 2W. Stage 0 runs F0 F1 I0 W0 I1 W1: I0 waits for stage 1's I0
+    (2f + I), W0 to 2f + 2I + W, I1 waits for stage 1's I1 (3f + 2I; W <= f), W1 ends at 3f + 3I + W.
+    s = 1/2: both 7f (test_model). s = 1/4 (I = 1.5f, W = 0.5f): stage 0 8f, stage 1 7f, the step 8f;
+    1F1B's 9f does not depend on s."""
+    f = 1 * MS
+    for share, zb in ((0.5, 7 * f), (0.25, 8 * f)):
+        w = Workload(num_layers=2, fwd_s_per_layer=f, weight_share=share)
+        assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == pytest.approx(9 * f)
+        assert step_time(w, Config(pp=2, num_micro_batches=2, schedule="zb1p"), Links()) == pytest.approx(zb)
+    with pytest.raises(ValueError, match="weight_share"):
+        Workload(num_layers=2, fwd_s_per_layer=f, weight_share=0.0)
+
+
+def test_calibration_carries_the_measured_share_into_the_zero_bubble_lever():
+    """The real 2-stage CPU run: the model's weight share is the ranks' mean, said in the calibration
+    notes and in the zero-bubble recommendation's assumptions; a job without autograd nodes keeps
+    half and says it is assumed."""
+    from diag.advise.calibrate import calibrate
+    from diag.advise.recommend import with_advice
+    from diag.analysis import diagnose
+    d = diagnose(load_job("sample_traces/pp2_m2"))
+    shares = [r.backward.weight_share for r in d.ranks]
+    cal = calibrate(d)
+    assert cal.workload.weight_share == pytest.approx(float(np.mean(shares)))
+    assert any(a.startswith(f"weight gradients {np.mean(shares):.0%} of each layer's backward: half the compute")
+               for a in cal.assumptions)
+    recs = {r.rule: r for r in with_advice(d).recommendations}
+    assert f"weight gradients {np.mean(shares):.0%} of each layer's backward (model calibration)" \
+        in recs["zero_bubble"].assumptions
+
+
+def test_a_job_without_autograd_nodes_assumes_half(tmp_path):
+    from diag.advise.calibrate import calibrate
+    from diag.advise import simulate
+    from diag.advise.synth import write_job
+    from diag.analysis import diagnose
+    w, c = Workload(num_layers=4, fwd_s_per_layer=1 * MS, p2p_bytes=1.0), Config(pp=2, num_micro_batches=2)
+    write_job(simulate(w, c, Links(pp=1e15), steps=4), str(tmp_path), c, w)
+    d = diagnose(load_job(str(tmp_path)))
+    assert all(r.backward is None for r in d.ranks)
+    cal = calibrate(d)
+    assert cal.workload.weight_share == 0.5
+    assert any("weight gradients 50% of each layer's backward (assumed" in a for a in cal.assumptions)
