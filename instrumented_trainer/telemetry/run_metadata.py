@@ -55,7 +55,10 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         ffn_hidden_size=m.ffn_hidden_size, parameter_count=m.parameter_count(),
         dtype=dtype, device="cuda" if cuda else "cpu", device_name=name,
         peak_flops=peak_flops(name, dtype) if cuda else None,
-        pipeline_schedule=job.pipeline_schedule,
+        # the schedule asked for: 1F1B with fewer micro-batches than stages runs as GPipe (torch's 1F1B
+        # refuses it), the order Megatron-LM's 1F1B has then and diag's 1F1B model gives, and a change to
+        # m >= p (diag's bubble lever) re-runs 1F1B: what diag predicts for it must be 1F1B's memory
+        pipeline_schedule=job.parallel.pipeline_schedule,
         virtual_pipeline_stages=job.parallel.virtual_stages(m.num_layers),
         sequence_parallel=job.parallel.sequence_parallel,
         use_distributed_optimizer=job.parallel.use_distributed_optimizer,

@@ -74,3 +74,20 @@ def test_distributed_optimizer_under_fsdp_is_fsdps_own():
                                       "--data-parallel-sharding-strategy", "optim_grads"])
     job = job_from_args(args, 2, ["python"])
     assert job.parallel.sharded and not job.parallel.zero1
+
+
+@pytest.mark.parametrize("flags, runs, says", [([], "gpipe", "1f1b"),
+                                               (["--pipeline-schedule", "gpipe"], "gpipe", "gpipe"),
+                                               (["--global-batch-size", "4"], "1f1b", "1f1b")])
+def test_one_micro_batch_a_stage_runs_gpipe_and_says_1f1b(flags, runs, says):
+    """1F1B with fewer micro-batches than stages runs torch's GPipe (its 1F1B refuses it), and
+    diag_run.json says the schedule asked for: diag's bubble lever re-runs it at m >= p, where 1F1B,
+    not GPipe, runs and holds min(m, p - i) micro-batches."""
+    from instrumented_trainer.cli import build_parser, job_from_args
+    from instrumented_trainer.telemetry import run_metadata
+
+    args = build_parser().parse_args(["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
+                                      "--global-batch-size", "2", *flags])
+    job = job_from_args(args, 2, ["python"])
+    assert job.pipeline_schedule == runs
+    assert run_metadata.build(job, backend="gloo", dtype="fp32", cuda=False).pipeline_schedule == says
