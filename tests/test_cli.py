@@ -29,7 +29,7 @@ def test_json_report_schema(tmp_path):
     p = diag("analyze", os.path.join(DATA, "dlrm_2_ranks_alltoall"), "--format", "json", "-o", str(out))
     assert p.returncode == 0 and p.stdout == ""
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "1.12" and d["world_size"] == 2
+    assert d["schema_version"] == "1.13" and d["world_size"] == 2
     assert d["run"] is None and d["facts"]["tp"] is None and d["facts"]["world_size"] is None   # nothing said it
     (s,) = d["comm"]["stragglers"]        # rank 1 arrives last (README); a set's keys say it is one rank
     assert (s["rank"], s["ranks"], s["kind"], s["basis"], s["who"]) == (1, [1], "rank", "collectives", "rank 1")
@@ -38,6 +38,7 @@ def test_json_report_schema(tmp_path):
     r = d["ranks"][0]
     assert set(r["breakdown"]) >= {"timeline", "span_s", "compute_s", "comm_s", "memory_s", "other_s", "idle_s"}
     assert set(r["overlap"]) >= {"comm_s", "overlapped_s", "ratio", "exposed_s", "exposed_per_step_s"}
+    assert r["backward"] is None          # its traces record no autograd nodes: unknown, not zero
     b = r["breakdown"]
     assert b["compute_s"] + b["comm_s"] + b["memory_s"] + b["other_s"] + b["idle_s"] == pytest.approx(b["span_s"])
 
