@@ -9,7 +9,7 @@ import pytest
 
 from diag.advise import Config, Links, Workload
 from diag.advise.model import step_time
-from diag.analysis.backward import WEIGHT_GEMM_NODES
+from diag.analysis.backward import WEIGHT_GEMM_NODES, WEIGHT_ONLY_NODES
 from diag.analysis.rankpass import summarize
 from diag.trace import load_job
 
@@ -24,22 +24,25 @@ def _result(tmp_path, b: TraceBuilder):
     return summarize(load_job(str(tmp_path)).ranks[0]).result
 
 
-def test_host_backward_and_its_linear_layers(tmp_path):
+def test_host_backward_and_its_weight_gradients(tmp_path):
     """Two steps of 1000 us (the window keeps the first). In it: AddmmBackward0 [100,300) holding
     two mm of 80 us, ScaledDotProduct...Backward0 [300,400), MmBackward0 [400,440), a forward mm
     [500,600) outside every node, a gloo all-reduce [600,650) inside NativeLayerNormBackward0
-    [600,700) (communication: not compute). Backward compute 200 + 100 + 40 + 50 = 390 us, of it
-    the linear layers' 240 us: the weight gradients half of that, 120 / 390."""
+    [600,700) (communication: not compute), AccumulateGrad [700,730) and EmbeddingBackward0
+    [730,800). Backward compute 200 + 100 + 40 + 50 + 30 + 70 = 490 us; of it the linear layers'
+    240 us, half of it weight gradients, and 100 us of weight gradients only: (120 + 100) / 490."""
     b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
     b.cpu_op(NODE + "AddmmBackward0", 100, 200).cpu_op("aten::mm", 110, 80).cpu_op("aten::mm", 200, 80)
     b.cpu_op(NODE + "ScaledDotProductFlashAttentionForCpuBackward0", 300, 100)
     b.cpu_op(NODE + "MmBackward0", 400, 40).cpu_op("aten::mm", 500, 100)
     b.cpu_op(NODE + "NativeLayerNormBackward0", 600, 100).cpu_op("c10d::allreduce_", 600, 50)
+    b.cpu_op(NODE + "torch::autograd::AccumulateGrad", 700, 30).cpu_op(NODE + "EmbeddingBackward0", 730, 70)
     b.cpu_op(NODE + "AddmmBackward0", 1100, 300)                    # the second step: out of the window
     split = _result(tmp_path, b).backward
-    assert split.backward_s == pytest.approx(390 * US)
+    assert split.backward_s == pytest.approx(490 * US)
     assert split.weight_gemm_s == pytest.approx(240 * US)
-    assert split.weight_share == pytest.approx(120 / 390)
+    assert split.weight_only_s == pytest.approx(100 * US)
+    assert split.weight_share == pytest.approx(220 / 490)
 
 
 def test_gpu_backward_is_the_kernels_launched_inside_its_nodes(tmp_path):
@@ -62,18 +65,21 @@ def test_no_autograd_nodes_is_unknown_not_zero(tmp_path):
     assert _result(tmp_path, b).backward is None
 
 
-def test_linear_layers_nodes_of_torch_megatron_and_te():
+def test_weight_nodes_of_torch_megatron_and_te():
     for node in ("AddmmBackward0", "MmBackward0", "LinearWithGradAccumulationAndAsyncCommunicationBackward",
-                 "_LinearBackward", "_LayerNormLinearBackward", "_LayerNormMLPBackward"):
-        assert WEIGHT_GEMM_NODES.match(NODE + node), node
+                 "_LinearBackward", "_LayerNormLinearBackward", "_LayerNormMLPBackward", "ConvolutionBackward0"):
+        assert WEIGHT_GEMM_NODES.match(NODE + node) and not WEIGHT_ONLY_NODES.match(NODE + node), node
+    for node in ("EmbeddingBackward0", "torch::autograd::AccumulateGrad"):
+        assert WEIGHT_ONLY_NODES.match(NODE + node) and not WEIGHT_GEMM_NODES.match(NODE + node), node
     for node in ("BmmBackward0", "ScaledDotProductFlashAttentionForCpuBackward0", "NativeLayerNormBackward0",
-                 "torch::autograd::AccumulateGrad"):
-        assert not WEIGHT_GEMM_NODES.match(NODE + node), node
+                 "CudnnBatchNormBackward0"):
+        assert not (WEIGHT_GEMM_NODES.match(NODE + node) or WEIGHT_ONLY_NODES.match(NODE + node)), node
 
 
-def _raw_host_split(path: str) -> tuple[float, float]:
+def _raw_host_split(path: str) -> tuple[float, float, float]:
     """Truth from the raw events of a CPU trace with no communication inside its nodes: the union of
-    the autograd nodes' spans in the window (every ProfilerStep but the last), all and linear."""
+    the autograd nodes' spans in the window (every ProfilerStep but the last): all, the layers with
+    a weight and the weight-only nodes."""
     events = json.load(gzip.open(path))["traceEvents"]
     steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep")), key=lambda e: e["ts"])
     lo, hi = steps[0]["ts"], steps[-1]["ts"]
@@ -86,15 +92,17 @@ def _raw_host_split(path: str) -> tuple[float, float]:
             total += max(0.0, t - max(s, end))
             end = max(end, t)
         return total * US / (len(steps) - 1)
-    return union(nodes), union([e for e in nodes if WEIGHT_GEMM_NODES.match(e["name"])])
+    return (union(nodes), union([e for e in nodes if WEIGHT_GEMM_NODES.match(e["name"])]),
+            union([e for e in nodes if WEIGHT_ONLY_NODES.match(e["name"])]))
 
 
 def test_real_cpu_trace_against_its_raw_events():
     path = "sample_traces/pp2_m2/rank-0.pt.trace.json.gz"
-    truth_all, truth_linear = _raw_host_split(path)
+    truth_all, truth_linear, truth_only = _raw_host_split(path)
     split = summarize(load_job(path).ranks[0]).result.backward
     assert split.backward_s == pytest.approx(truth_all, rel=1e-6)
     assert split.weight_gemm_s == pytest.approx(truth_linear, rel=1e-6)
+    assert split.weight_only_s == pytest.approx(truth_only, rel=1e-6) and truth_only > 0
     assert 0.2 < split.weight_share < 0.5
 
 
@@ -125,7 +133,8 @@ def test_calibration_carries_the_measured_share_into_the_zero_bubble_lever():
     shares = [r.backward.weight_share for r in d.ranks]
     cal = calibrate(d)
     assert cal.workload.weight_share == pytest.approx(float(np.mean(shares)))
-    assert any(a.startswith(f"weight gradients {np.mean(shares):.0%} of each layer's backward: half the compute")
+    assert any(a.startswith(f"weight gradients {np.mean(shares):.0%} of each layer's backward: half the compute in "
+                            "its weighted layers' autograd nodes and all of its weight-only nodes'")
                for a in cal.assumptions)
     recs = {r.rule: r for r in with_advice(d).recommendations}
     assert f"weight gradients {np.mean(shares):.0%} of each layer's backward (model calibration)" \

@@ -154,8 +154,9 @@ def _weight_share(d: Diagnosis, notes: list) -> float:
                      "in the trace; a torch.profiler trace with its host operators shows them)")
         return WEIGHT_SHARE
     share = min(max(float(np.mean(shares)), 0.01), 0.99)
-    notes.append(f"weight gradients {share:.0%} of each layer's backward: half the compute in its linear layers' "
-                 f"autograd nodes over all of the backward's ({len(shares)} rank{'s' * (len(shares) > 1)} mean)")
+    notes.append(f"weight gradients {share:.0%} of each layer's backward: half the compute in its weighted layers' "
+                 "autograd nodes and all of its weight-only nodes' (embeddings, gradient accumulation), over all of "
+                 f"the backward's ({len(shares)} rank{'s' * (len(shares) > 1)} mean)")
     return share
 
 

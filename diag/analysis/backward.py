@@ -8,8 +8,10 @@ dW), but attention's core, the norms and the activations have input gradients on
 
 Read per rank, on the window's steps: the compute inside autograd nodes
 (`autograd::engine::evaluate_function: <Node>`: on a host timeline the compute intervals under
-those spans, on a GPU the compute kernels launched from inside one), and of it the compute inside
-the linear layers' nodes (WEIGHT_GEMM_NODES). W's share is half the latter over the former.
+those spans, on a GPU the compute kernels launched from inside one), of it the compute inside
+the nodes of layers with a weight (WEIGHT_GEMM_NODES: linears, convolutions) and inside the nodes
+that compute weight gradients only (WEIGHT_ONLY_NODES: embeddings, gradient accumulation). W's
+share is half the first plus the second, over the whole.
 A trace without autograd nodes (no host operators recorded) gives None: the share is unknown.
 """
 from __future__ import annotations
@@ -27,11 +29,16 @@ from .results import BackwardSplit
 from .steps import Window
 
 BACKWARD = "autograd::engine::evaluate_function"
-# autograd nodes of layers with a weight: torch's own (nn.Linear: addmm with a bias, mm without),
+# autograd nodes of layers with a weight, whose backward is an input- and a weight-gradient GEMM (or
+# convolution) of the same FLOPs: torch's own (nn.Linear: addmm with a bias, mm without; convolutions),
 # Megatron-LM's tensor-parallel linears (LinearWithGradAccumulationAndAsyncCommunication), Transformer
 # Engine's fused modules (_Linear, _LayerNormLinear, _LayerNormMLP)
 WEIGHT_GEMM_NODES = re.compile(BACKWARD + r": (AddmmBackward0|MmBackward0|\w*Linear\w*Backward\w*|"
-                               r"_LayerNormMLPBackward)$")
+                               r"_LayerNormMLPBackward|\w*Convolution\w*Backward\w*)$")
+# nodes that compute weight gradients only: embeddings' (no input gradient) and the accumulation of
+# each parameter's gradient into .grad (which the weight pass does under a zero-bubble schedule)
+WEIGHT_ONLY_NODES = re.compile(BACKWARD + r": (EmbeddingBackward0|EmbeddingBagBackward0|"
+                               r"torch::autograd::AccumulateGrad)$")
 
 
 def _spans(t, keep) -> iv.Intervals:
@@ -58,5 +65,8 @@ def backward_split(rt: RankTrace, w: Window, timeline: str, compute: iv.Interval
     every = backward_compute(rt, w, timeline, compute)
     if iv.length(every) == 0:
         return None
-    linear = iv.intersect(every, backward_compute(rt, w, timeline, compute, WEIGHT_GEMM_NODES.match))
-    return BackwardSplit(backward_s=iv.length(every) * 1e-9 / steps, weight_gemm_s=iv.length(linear) * 1e-9 / steps)
+    def part(nodes: re.Pattern) -> float:
+        return iv.length(iv.intersect(every, backward_compute(rt, w, timeline, compute, nodes.match))) * 1e-9 / steps
+
+    return BackwardSplit(backward_s=iv.length(every) * 1e-9 / steps, weight_gemm_s=part(WEIGHT_GEMM_NODES),
+                         weight_only_s=part(WEIGHT_ONLY_NODES))

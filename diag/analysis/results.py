@@ -97,13 +97,17 @@ class BackwardSplit:
     the zero-bubble schedule's weight pass ("W") takes out of each backward."""
 
     backward_s: float                 # compute inside autograd nodes, per step
-    weight_gemm_s: float              # of which inside the linear layers' nodes (backward.WEIGHT_GEMM_NODES)
+    weight_gemm_s: float              # of which inside the nodes of layers with a weight (backward.WEIGHT_GEMM_NODES)
+    weight_only_s: float = 0.0        # of which inside nodes of weight gradients only (backward.WEIGHT_ONLY_NODES)
 
     @property
     def weight_share(self) -> Optional[float]:
-        """The weight gradients' share of the backward: half the linear layers' nodes (their input
-        and weight gradients are one GEMM each, of the same FLOPs); None without backward compute."""
-        return 0.5 * self.weight_gemm_s / self.backward_s if self.backward_s > 0 else None
+        """The weight gradients' share of the backward: half the nodes of layers with a weight (their
+        input and weight gradients are one GEMM each, of the same FLOPs) and the weight-only nodes;
+        None without backward compute."""
+        if self.backward_s <= 0:
+            return None
+        return (0.5 * self.weight_gemm_s + self.weight_only_s) / self.backward_s
 
 
 @dataclass
