@@ -60,11 +60,13 @@ def backward_compute(rt: RankTrace, w: Window, timeline: str, compute: iv.Interv
 
 
 def backward_split(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) -> Optional[BackwardSplit]:
-    """The backward's compute and its linear layers' share, per window step; None without any."""
+    """The backward's compute, and of it the weighted layers' and the weight-only nodes', per window
+    step; None without any."""
     steps = len(set(w.step_index[w.step_index >= 0].tolist())) or 1
     every = backward_compute(rt, w, timeline, compute)
     if iv.length(every) == 0:
         return None
+
     def part(nodes: re.Pattern) -> float:
         return iv.length(iv.intersect(every, backward_compute(rt, w, timeline, compute, nodes.match))) * 1e-9 / steps
 

@@ -93,8 +93,8 @@ class HostOps:
 
 @dataclass
 class BackwardSplit:
-    """The backward pass's compute and its weight-gradient GEMMs', per step (analysis.backward): what
-    the zero-bubble schedule's weight pass ("W") takes out of each backward."""
+    """The backward pass's compute and the parts of it that hold weight gradients, per step
+    (analysis.backward): what the zero-bubble schedule's weight pass ("W") takes out of each backward."""
 
     backward_s: float                 # compute inside autograd nodes, per step
     weight_gemm_s: float              # of which inside the nodes of layers with a weight (backward.WEIGHT_GEMM_NODES)

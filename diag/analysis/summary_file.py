@@ -35,7 +35,7 @@ VERSION = 12         # 2: axes of layout.AXES, process groups; 3: gloo lanes, wa
                      # 8: host_ops' FSDP2 host time; 9: a functional collective's whole call and
                      # the wrap of its output (gloo); 10: host_ops' Python dispatch modes apart;
                      # 11: host_ops' non-ATen figures are self time added up (were calls x median);
-                     # 12: RankResult.backward (the backward's compute and its linear layers')
+                     # 12: RankResult.backward (the backward's compute and its weight gradients' parts)
 _PIECE = 1 << 20                      # bytes hashed at a time
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30
