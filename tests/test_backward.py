@@ -153,3 +153,50 @@ def test_a_job_without_autograd_nodes_assumes_half(tmp_path):
     cal = calibrate(d)
     assert cal.workload.weight_share == 0.5
     assert any("weight gradients 50% of each layer's backward (assumed" in a for a in cal.assumptions)
+
+
+def _raw_gpu_split(path: str) -> tuple[float, float, float]:
+    """Truth from the raw events of a GPU trace: the compute kernels of the window (every ProfilerStep
+    but the last, by their launch) whose launch (the runtime call of the same correlation id) falls
+    inside an autograd node's span on the launching thread; the union of their intervals, all, under
+    the layers with a weight, under the weight-only nodes."""
+    events = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep") and e.get("cat") == "user_annotation"),
+                   key=lambda e: e["ts"])
+    # one step: the window is that step; else every step but the last
+    lo, hi = (steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]) if len(steps) == 1 else (steps[0]["ts"], steps[-1]["ts"])
+    launch = {e["args"]["correlation"]: e for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    nodes: dict = {}
+    for e in events:
+        if e["name"].startswith(NODE) and e.get("cat") == "cpu_op":
+            nodes.setdefault(e["tid"], []).append(e)
+
+    def node_of(call):
+        inside = [n for n in nodes.get(call["tid"], []) if n["ts"] <= call["ts"] <= n["ts"] + n["dur"]]
+        return max(inside, key=lambda n: n["ts"])["name"] if inside else None
+    kernels = []
+    for k in events:
+        call = launch.get(k.get("args", {}).get("correlation")) if k.get("cat") == "kernel" else None
+        if call is not None and lo <= call["ts"] < hi and not k["name"].startswith(("nccl", "ncclDev")):
+            kernels.append((k, node_of(call)))
+
+    def union(ks):
+        total, end = 0.0, -np.inf
+        for k in sorted(ks, key=lambda k: k["ts"]):
+            total += max(0.0, k["ts"] + k["dur"] - max(k["ts"], end))
+            end = max(end, k["ts"] + k["dur"])
+        return total * US / max(len(steps) - 1, 1)
+    return (union([k for k, n in kernels if n]), union([k for k, n in kernels if n and WEIGHT_GEMM_NODES.match(n)]),
+            union([k for k, n in kernels if n and WEIGHT_ONLY_NODES.match(n)]))
+
+
+def test_real_gpu_trace_against_its_raw_events():
+    """The H100 GPT sample (12 layers, bf16): the backward's kernels and their linear layers' part."""
+    path = "sample_traces/h100_single/rank-0.pt.trace.json.gz"
+    truth_all, truth_linear, truth_only = _raw_gpu_split(path)
+    split = summarize(load_job(path).ranks[0]).result.backward
+    assert split.backward_s == pytest.approx(truth_all, rel=1e-3)
+    assert split.weight_gemm_s == pytest.approx(truth_linear, rel=1e-3)
+    assert split.weight_only_s == pytest.approx(truth_only, rel=1e-3, abs=1e-6)
+    assert 0.2 < split.weight_share < 0.5
