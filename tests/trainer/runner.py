@@ -64,10 +64,7 @@ def run_workers(module: str, out: Path, nproc: int, *args: str, timeout: float =
     port = free_port()
     procs = []
     for rank in range(nproc):
-        # PYTHONFAULTHANDLER: a worker that aborts (a C++ "terminate called ..." at gloo's teardown, seen
-        # once beside CPU burners) prints where each of its threads was, into the log the assertion shows
-        env = {**os.environ, "PYTHONFAULTHANDLER": "1",
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         procs.append(subprocess.Popen([sys.executable, "-m", module, str(out), *TINY, *args],
