@@ -76,34 +76,50 @@ def test_weight_nodes_of_torch_megatron_and_te():
         assert not (WEIGHT_GEMM_NODES.match(NODE + node) or WEIGHT_ONLY_NODES.match(NODE + node)), node
 
 
-def _raw_host_split(path: str) -> tuple[float, float, float]:
-    """Truth from the raw events of a CPU trace with no communication inside its nodes: the union of
-    the autograd nodes' spans in the window (every ProfilerStep but the last): all, the layers with
-    a weight and the weight-only nodes."""
-    events = json.load(gzip.open(path))["traceEvents"]
-    steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep")), key=lambda e: e["ts"])
-    lo, hi = steps[0]["ts"], steps[-1]["ts"]
-    nodes = [e for e in events if e.get("ph") == "X" and e["name"].startswith(NODE) and lo <= e["ts"] < hi]
+def _window(path: str) -> tuple[list, list, float, float]:
+    """A raw trace's complete events, its host ProfilerSteps and the analysed window [lo, hi): the one
+    step where there is one, else every step but the last."""
+    events = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep") and e.get("cat") == "user_annotation"),
+                   key=lambda e: e["ts"])
+    lo, hi = (steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]) if len(steps) == 1 else (steps[0]["ts"], steps[-1]["ts"])
+    return events, steps, lo, hi
 
+
+def _split(timed: list, steps: list) -> tuple[float, float, float]:
+    """(event, its autograd node's name or None) pairs -> seconds per step of the union of the events'
+    intervals: under any node, under the layers with a weight, under the weight-only nodes."""
     def union(evs):
         total, end = 0.0, -np.inf
         for e in sorted(evs, key=lambda e: e["ts"]):
-            s, t = e["ts"], e["ts"] + e["dur"]
-            total += max(0.0, t - max(s, end))
-            end = max(end, t)
-        return total * US / (len(steps) - 1)
-    return (union(nodes), union([e for e in nodes if WEIGHT_GEMM_NODES.match(e["name"])]),
-            union([e for e in nodes if WEIGHT_ONLY_NODES.match(e["name"])]))
+            total += max(0.0, e["ts"] + e["dur"] - max(e["ts"], end))
+            end = max(end, e["ts"] + e["dur"])
+        return total * US / max(len(steps) - 1, 1)
+    return (union([e for e, n in timed if n]), union([e for e, n in timed if n and WEIGHT_GEMM_NODES.match(n)]),
+            union([e for e, n in timed if n and WEIGHT_ONLY_NODES.match(n)]))
+
+
+def _matches(split, truth: tuple, rel: float, only_abs: float = 0.0) -> None:
+    """The rank pass's BackwardSplit against the truth from the raw events (_split); only_abs: an
+    absolute tolerance for the weight-only part, which can be a few kernels."""
+    assert split.backward_s == pytest.approx(truth[0], rel=rel)
+    assert split.weight_gemm_s == pytest.approx(truth[1], rel=rel)
+    assert split.weight_only_s == pytest.approx(truth[2], rel=rel, abs=only_abs)
+    assert 0.2 < split.weight_share < 0.5
+
+
+def _raw_host_split(path: str) -> tuple[float, float, float]:
+    """Truth from the raw events of a CPU trace with no communication inside its nodes: the union of
+    the autograd nodes' spans in the window: all, the layers with a weight and the weight-only nodes."""
+    events, steps, lo, hi = _window(path)
+    return _split([(e, e["name"]) for e in events if e["name"].startswith(NODE) and lo <= e["ts"] < hi], steps)
 
 
 def test_real_cpu_trace_against_its_raw_events():
     path = "sample_traces/pp2_m2/rank-0.pt.trace.json.gz"
-    truth_all, truth_linear, truth_only = _raw_host_split(path)
-    split = summarize(load_job(path).ranks[0]).result.backward
-    assert split.backward_s == pytest.approx(truth_all, rel=1e-6)
-    assert split.weight_gemm_s == pytest.approx(truth_linear, rel=1e-6)
-    assert split.weight_only_s == pytest.approx(truth_only, rel=1e-6) and truth_only > 0
-    assert 0.2 < split.weight_share < 0.5
+    truth = _raw_host_split(path)
+    assert truth[2] > 0                              # the trace has weight-only nodes to count
+    _matches(summarize(load_job(path).ranks[0]).result.backward, truth, rel=1e-6)
 
 
 def test_zero_bubble_prices_the_measured_weight_share():
@@ -156,15 +172,11 @@ def test_a_job_without_autograd_nodes_assumes_half(tmp_path):
 
 
 def _raw_gpu_split(path: str) -> tuple[float, float, float]:
-    """Truth from the raw events of a GPU trace: the compute kernels of the window (every ProfilerStep
-    but the last, by their launch) whose launch (the runtime call of the same correlation id) falls
-    inside an autograd node's span on the launching thread; the union of their intervals, all, under
-    the layers with a weight, under the weight-only nodes."""
-    events = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
-    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep") and e.get("cat") == "user_annotation"),
-                   key=lambda e: e["ts"])
-    # one step: the window is that step; else every step but the last
-    lo, hi = (steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]) if len(steps) == 1 else (steps[0]["ts"], steps[-1]["ts"])
+    """Truth from the raw events of a GPU trace: the compute kernels of the window (by their launch)
+    whose launch (the runtime or driver call of the same correlation id) falls inside an autograd
+    node's span on the launching thread; the union of their intervals, all, under the layers with a
+    weight, under the weight-only nodes."""
+    events, steps, lo, hi = _window(path)
     launch = {e["args"]["correlation"]: e for e in events
               if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     nodes: dict = {}
@@ -180,23 +192,10 @@ def _raw_gpu_split(path: str) -> tuple[float, float, float]:
         call = launch.get(k.get("args", {}).get("correlation")) if k.get("cat") == "kernel" else None
         if call is not None and lo <= call["ts"] < hi and not k["name"].startswith(("nccl", "ncclDev")):
             kernels.append((k, node_of(call)))
-
-    def union(ks):
-        total, end = 0.0, -np.inf
-        for k in sorted(ks, key=lambda k: k["ts"]):
-            total += max(0.0, k["ts"] + k["dur"] - max(k["ts"], end))
-            end = max(end, k["ts"] + k["dur"])
-        return total * US / max(len(steps) - 1, 1)
-    return (union([k for k, n in kernels if n]), union([k for k, n in kernels if n and WEIGHT_GEMM_NODES.match(n)]),
-            union([k for k, n in kernels if n and WEIGHT_ONLY_NODES.match(n)]))
+    return _split(kernels, steps)
 
 
 def test_real_gpu_trace_against_its_raw_events():
     """The H100 GPT sample (12 layers, bf16): the backward's kernels and their linear layers' part."""
     path = "sample_traces/h100_single/rank-0.pt.trace.json.gz"
-    truth_all, truth_linear, truth_only = _raw_gpu_split(path)
-    split = summarize(load_job(path).ranks[0]).result.backward
-    assert split.backward_s == pytest.approx(truth_all, rel=1e-3)
-    assert split.weight_gemm_s == pytest.approx(truth_linear, rel=1e-3)
-    assert split.weight_only_s == pytest.approx(truth_only, rel=1e-3, abs=1e-6)
-    assert 0.2 < split.weight_share < 0.5
+    _matches(summarize(load_job(path).ranks[0]).result.backward, _raw_gpu_split(path), rel=1e-3, only_abs=1e-6)
