@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU sample traces: the instrumented trainer on CUDA with NCCL, bf16, the profiler's CPU and
 # CUDA activities on. Usage: scripts/make_gpu_samples.sh OUTDIR [JOB...]  (jobs: single, dp2,
-# tp2_pp2_dp2, tp2_sp_zero3; default all). Each job's directory gets COMMAND, stdout.txt and
+# tp2_pp2_dp2, tp2_sp_zero3, launch_bound; default all). Each job's directory gets COMMAND, stdout.txt and
 # diag's analysis (analyze.txt, recommend.txt) made on the same machine.
 #
 # With fewer GPUs than ranks, the trainer puts ranks on GPU (local rank mod GPUs) and gives each
@@ -10,17 +10,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${1:?usage: $0 OUTDIR [JOB...]}"; shift
-JOBS=("$@"); [ ${#JOBS[@]} -eq 0 ] && JOBS=(single dp2 tp2_pp2_dp2 tp2_sp_zero3)
+JOBS=("$@"); [ ${#JOBS[@]} -eq 0 ] && JOBS=(single dp2 tp2_pp2_dp2 tp2_sp_zero3 launch_bound)
 PYTHON="${PYTHON:-python3}"
 LIMIT="${LIMIT:-240}"    # seconds per job
 mkdir -p "$OUTDIR"
-PROFILE=(--train-iters 5 --profile-wait 2 --profile-warmup 1 --profile-active 1 --metrics-interval 0.5)
+ACTIVE=1                 # profiled steps (launch_bound: 2)
 MID=(--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --vocab-size 32000
      --seed 1234 --device cuda --dtype bf16)
 
 job() {  # job NAME TRAINER-ARGS...
   local name="$1"; shift
   local dir="$OUTDIR/$name"
+  local PROFILE=(--train-iters $((4 + ACTIVE)) --profile-wait 2 --profile-warmup 1 --profile-active "$ACTIVE"
+                 --metrics-interval 0.5)
   rm -rf "$dir"; mkdir -p "$dir"
   local cmd=(python -m instrumented_trainer "$@" "${PROFILE[@]}" --out "$dir")
   echo "== $name: ${cmd[*]}"
@@ -51,6 +53,11 @@ for j in "${JOBS[@]}"; do
     tp2_sp_zero3) job tp2_sp_zero3 --nproc 4 "${MID[@]}" --tensor-model-parallel-size 2 \
                     --sequence-parallel --data-parallel-sharding-strategy optim_grads_params \
                     --micro-batch-size 2 --global-batch-size 8 ;;
+    # One rank, a small model at micro-batch 2: launch-bound (the GPU idle between short kernels, the
+    # micro-batch lever's case), two profiled steps: the window is the first (HTA convention).
+    launch_bound) ACTIVE=2 job launch_bound --nproc 1 --num-layers 4 --hidden-size 512 --num-attention-heads 8 \
+                    --seq-length 512 --vocab-size 32000 --seed 1234 --device cuda --dtype bf16 \
+                    --micro-batch-size 2 --global-batch-size 16 ;;
     *) echo "unknown job $j" >&2; exit 2 ;;
   esac
 done

@@ -91,3 +91,35 @@ def test_a_recommender_failure_is_said_where_the_recommendations_go(monkeypatch)
         tail = text[text.index("Recommendations"):]
         assert said in tail and "Nothing worth changing" not in tail, tail[:300]
     assert d.ranks and d.findings                     # the diagnosis itself is whole
+
+
+def test_shares_are_of_the_steps_in_the_window(tmp_path):
+    """A GPU trace of two profiled steps (the trainer's default): the window is the first (HTA's
+    convention leaves out work launched in the last), so its idle is a share of that step, not of
+    the median of both. A 100 ms step whose kernels span 98 ms with 88 ms idle between them, then a
+    40 ms one: 88% of the step (the median of both, 70 ms, read it as 126%, and the micro-batch rule
+    took a share over 1 for step marks that do not bound the work, and said nothing)."""
+    b = TraceBuilder().step(1, 0, 100_000).step(2, 100_000, 40_000)
+    b.kernel("ampere_sgemm", 2_000, 5_000).kernel("ampere_sgemm", 95_000, 5_000)   # 90 ms idle between
+    b.kernel("ampere_sgemm", 101_000, 30_000)
+    b.write(str(tmp_path / "rank0.json"))
+    d = diagnose(load_job(str(tmp_path)))
+    (idle,) = [f for f in d.findings if f.what == "GPU idle"]
+    assert idle.seconds_per_step == pytest.approx(0.088)
+    assert d.ranks[0].window_step_s == pytest.approx(0.100) and d.ranks[0].step_time_s == pytest.approx(0.070)
+    assert idle.share_of_step == pytest.approx(0.88)
+
+
+def test_shares_on_a_real_gpu_trace_against_its_raw_steps():
+    """The H200 launch-bound sample (two profiled steps): the GPU idle's share is its ms per step
+    over the first ProfilerStep's length, read from the raw events."""
+    folder = os.path.join(ROOT, "sample_traces", "h200_launch_bound")
+    with gzip.open(os.path.join(folder, "rank-0.pt.trace.json.gz")) as f:
+        steps = sorted((e["ts"], e["dur"]) for e in json.load(f)["traceEvents"]
+                       if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                       and e.get("name", "").startswith("ProfilerStep#"))
+    assert len(steps) == 2
+    d = diagnose(load_job(folder))
+    (idle,) = [f for f in d.findings if f.what == "GPU idle"]
+    assert idle.share_of_step == pytest.approx(idle.seconds_per_step / (steps[0][1] * 1e-6), rel=1e-9)
+    assert idle.share_of_step < 1.0

@@ -12,10 +12,10 @@ MIN_SHARE = 0.01       # under 1% of a step is not worth a line
 
 
 def _per_step(ranks: list[RankResult]) -> tuple[Optional[float], int, str]:
-    """The median step (None where the figures are not per step), the steps in the window, and
-    what the figures are per, in words."""
+    """The median step in the window (None where the figures are not per step), the steps in the
+    window, and what the figures are per, in words."""
     steps = max((r.window_steps for r in ranks), default=0)
-    times = [r.step_time_s for r in ranks if r.step_time_s]
+    times = [r.window_step_s for r in ranks if r.window_step_s]
     step_s = float(median(times)) if times else None
     if not steps:
         return None, 0, "in the window (no ProfilerStep marks)"

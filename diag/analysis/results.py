@@ -134,6 +134,18 @@ class RankResult:
         """Steps of this rank inside the analysed window (the last step is left out, as HTA does)."""
         return sum(s.in_window for s in self.steps)
 
+    @property
+    def window_step_s(self) -> Optional[float]:
+        """The median host time of the steps inside the window: what the per-step figures (idle,
+        exposed communication) are shares of. The run's step time (`step_time_s`) also counts the
+        last step, which the window leaves out; on a GPU trace of two profiled steps the window is the
+        first alone, and dividing its idle by the median of both read as 105% of a step."""
+        inside = sorted(s.host_s for s in self.steps if s.in_window)
+        if not inside:
+            return self.step_time_s
+        k = len(inside) // 2
+        return inside[k] if len(inside) % 2 else 0.5 * (inside[k - 1] + inside[k])
+
 
 def steps_in_window(ranks: list[RankResult]) -> int:
     """The job's steps in the analysed window, at least 1: what every per-step figure divides by."""
@@ -348,7 +360,7 @@ class Finding:
 
     what: str                          # "exposed DP communication", "GPU idle", ...
     seconds_per_step: float
-    share_of_step: Optional[float]     # of the median step time; None when steps are unknown
+    share_of_step: Optional[float]     # of the median step in the window; None when steps are unknown
     detail: str
     kind: FindingKind
     ranks: list[int] = field(default_factory=list)   # kind "straggler": the ranks waited for

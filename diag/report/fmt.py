@@ -30,7 +30,7 @@ def per(d: Diagnosis, words):
         return words
     def say(w: str) -> str:
         return (w.replace("ms/step", "ms/window").replace("per step", "per window")
-                .replace("% step: of the median step time", "% step: of the median step time, unknown ('-') where "
+                .replace("% step: of the median step in the window", "% step: of the median step in the window, unknown ('-') where "
                          "the window is not made of ProfilerSteps (a whole trace that runs past its one step, or "
                          "no step marks)"))
     return [say(w) for w in words] if isinstance(words, list) else say(words)
@@ -89,7 +89,7 @@ def finding_rows(d: Diagnosis) -> list[list[str]]:
 FINDING_HEADER = ["where the time goes", "ms/step", "% step"]
 FINDING_LEGEND = ("ms/step: mean over ranks (a \"waiting for\" row: over the ranks that waited, what their "
                   "step would shorten by); the communication rows add up to the ranks' mean exposed "
-                  "communication (exp ms per rank below); % step: of the median step time")
+                  "communication (exp ms per rank below); % step: of the median step in the window")
 GANTT_LEGEND = ("gaps: the time of this one step with neither compute nor exposed communication on the "
                 "rank's timeline; the breakdown's idle% counts only time outside every operator over the "
                 "whole window, so the two differ")
