@@ -9,7 +9,7 @@ The goal (issue #19): step change within 25% and memory within 15% of measured o
 benchmark, not a test: it times real training on a shared machine, so read its ratios next to the
 noise it prints (the spread of the unprofiled steps of the first run).
 
-    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 2] [--only micro_batch,...]
+    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 2] [--only micro_batch,...] [--device cuda]
 """
 from __future__ import annotations
 
@@ -47,6 +47,22 @@ CASES = {
 # Levers that need a device capacity to fire (on CPU there is none to read): GiB passed to diag tune.
 MEMORY_GIB = {"recompute": 1.0, "zero_down": 1.0}
 
+# `--device cuda`: the levers a single GPU can confirm, on bf16 models sized for it (the device's memory is
+# read from the trace, so no capacity is passed). The pipeline-schedule, DP-overlap and bubble levers are
+# left out: ranks sharing one GPU take turns on it, so a bubble is filled by the other rank's kernels and
+# their NCCL runs over loopback sockets; the two-rank levers here are there for their peak memory, which
+# is per process (torch.cuda.max_memory_allocated) whatever the sharing.
+GPU_MODEL = "--num-layers 4 --vocab-size 32000 --train-iters 14 --device cuda --dtype bf16"
+GPU_MID = "--hidden-size 1024 --num-attention-heads 16 --seq-length 1024"
+GPU_CASES = {
+    "micro_batch": "--nproc 1 --hidden-size 512 --num-attention-heads 8 --seq-length 512 "
+                   "--micro-batch-size 1 --global-batch-size 16",
+    "recompute": f"--nproc 1 {GPU_MID} --micro-batch-size 4 --global-batch-size 16 --recompute-granularity full",
+    "zero_down": f"--nproc 2 {GPU_MID} --micro-batch-size 2 --global-batch-size 8 "
+                 "--data-parallel-sharding-strategy optim_grads_params",
+    "tp_layout": f"--nproc 2 {GPU_MID} --tensor-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 8",
+}
+
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
@@ -56,10 +72,10 @@ def _mem(x) -> str:
     return "-" if not x else human(x)
 
 
-def row(rule: str, flags: str, out: str, repeats: int) -> list[str]:
-    command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(SMALL), *shlex.split(flags)])
+def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: bool = False) -> list[str]:
+    command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(model), *shlex.split(flags)])
     try:
-        gib = MEMORY_GIB.get(rule)
+        gib = None if gpu else MEMORY_GIB.get(rule)
         res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule,
                    memory_per_gpu=gib * (1 << 30) if gib else None)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
@@ -83,7 +99,12 @@ def lever_args(doc: str, out: str, levers) -> tuple[argparse.Namespace, list[str
     ap.add_argument("--out", default=out)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
+    if levers is CASES:
+        ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the single-GPU levers (GPU_CASES) on bf16 models sized for a GPU")
     a = ap.parse_args()
+    if getattr(a, "device", "cpu") == "cuda":
+        levers = GPU_CASES
     return a, [x for x in a.only.split(",") if x] or list(levers)
 
 
@@ -91,7 +112,14 @@ def main() -> None:
     a, only = lever_args(__doc__, "bench_out/tune", CASES)
     head = ["lever", "predicted step", "measured step", "noise", "step error", "predicted peak", "measured peak",
             "memory error", "change"]
-    rows = [row(r, CASES[r], a.out, a.repeats) for r in only]
+    gpu = a.device == "cuda"
+    cases, model = (GPU_CASES, GPU_MODEL) if gpu else (CASES, SMALL)
+    rows = []
+    for r in only:
+        if r not in cases:
+            raise SystemExit(f"bench_tune: no {a.device} case for lever {r!r} (have: {', '.join(cases)})")
+        rows.append(row(r, cases[r], a.out, a.repeats, model, gpu))
+        print(f"{r}: " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         print("| " + " | ".join(r) + " |", flush=True)
