@@ -218,6 +218,10 @@ def run_options(f):
                      help="Replicated DP's gradients are views of its buckets (DDP's gradient_as_bucket_view=True, "
                           "Megatron-LM's DDP), or not: its buckets are one more copy of them (DDP's default). For "
                           "the memory model (default: diag_run.json or --config, else unknown and not counted)."),
+        click.option("--grads-set-to-none/--no-grads-set-to-none", default=None,
+                     help="The run sets its gradients to None between steps (torch's zero_grad() default), or keeps "
+                          "them allocated (Megatron-LM's grad buffer). For the memory model: none are alive before "
+                          "a step's first backward (default: diag_run.json or --config, else unknown and counted)."),
         click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Device memory in GiB, to check that a recommendation fits (default: the device table)."),
         click.option("--pipeline-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv",
@@ -237,6 +241,7 @@ def run_options(f):
         shape = {k: kw.pop(k) for k, _ in SHAPE_FLAGS}
         shape["swiglu"], shape["pipeline_schedule"] = kw.pop("swiglu"), kw.pop("pipeline_schedule")
         shape["gradient_as_bucket_view"] = kw.pop("gradient_as_bucket_view")
+        shape["grads_set_to_none"] = kw.pop("grads_set_to_none")
         gib = kw.pop("memory_per_gpu")
         shape["memory_per_gpu_bytes"] = int(gib * (1 << 30)) if gib else None
         kw["inputs"] = RunInputs(

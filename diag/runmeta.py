@@ -91,6 +91,7 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     overlap_grad_reduce: Optional[bool] = None
     ddp_bucket_size: Optional[Count] = None
     gradient_as_bucket_view: Optional[bool] = None            # torch DDP's: False = buckets beside the grads
+    grads_set_to_none: Optional[bool] = None                  # zero_grad(set_to_none=True) between steps
     sequence_parallel: Optional[bool] = None
     use_distributed_optimizer: Optional[bool] = None          # ZeRO-1, as Megatron-LM
     data_parallel_sharding_strategy: Optional[Name] = None    # no_shard | optim | optim_grads | optim_grads_params

@@ -166,7 +166,7 @@ def test_megatron_launch_script(tmp_path):
     assert (c["seq_length"], c["vocab_size"], c["dtype"]) == (8192, 128256, "bf16")
     assert c["sequence_parallel"] and c["use_distributed_optimizer"]
     # Megatron-LM's DDP: gradients are views of its grad buffer, no bucket copy (docs/memory.md)
-    assert c["gradient_as_bucket_view"] is True
+    assert c["gradient_as_bucket_view"] is True and c["grads_set_to_none"] is False
     assert c["source"] == "Megatron-LM arguments train_llama3_8b.sh" and "notes" not in c
 
 

@@ -13,7 +13,9 @@ Per rank, in bytes (docs/memory.md works every term by hand):
   mixed precision): bf16 weights 2 + fp32 main gradients 4 + Adam fp32 master, m, v 12 = 18 bytes;
   fp32 training 4 + 4 + 8 = 16. ZeRO stage 1 (`--use-distributed-optimizer`, sharding `optim`)
   divides the optimizer states by dp (dp · cp with context parallelism), stage 2 (`optim_grads`)
-  the gradients too, stage 3 (`optim_grads_params`, FSDP) the weights too;
+  the gradients too, stage 3 (`optim_grads_params`, FSDP) the weights too. The gradients are
+  left out where the run frees them between steps and the peak comes before the step's first
+  gradient (`grads_at_peak`);
 - activations per layer per micro-batch (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", table 2; 16-bit activations, x2 for fp32):
   no TP s·b·h·(34 + 5·a·s/h); TP t s·b·h·(10 + 24/t + 5·a·s/(h·t)); TP with sequence parallelism
@@ -24,8 +26,12 @@ Per rank, in bytes (docs/memory.md works every term by hand):
   in backward re-materialises one layer of one micro-batch at a time: that layer's activations
   less its input, once. Context parallelism divides s by cp;
 - the last stage's head (Korthikanti et al. 2022, section 4.3): the final norm's input and the
-  output layer's input (2·s·b·h each) and the logits the loss keeps in fp32 (4·s·b·V), /t, per
-  micro-batch in flight there;
+  output layer's input (2·s·b·h each), the logits in the compute dtype (2·s·b·V in bf16 or fp16,
+  4 in fp32: the training loop or the pipeline stage holds them through backward) and the fp32
+  log-softmax the loss keeps (4·s·b·V), /t, per micro-batch in flight there; and once, at the
+  loss's backward, the fp32 gradients of the log-softmax's output and input (8·s·b·V/t). Measured:
+  15.5 bytes per logit element per micro-batch on CPU in fp32 (the model: 16), against the 4 (8 in
+  fp32) that Korthikanti's fp32 logits alone count (docs/memory.md);
 - micro-batches in flight on stage i of p (Narayanan et al. 2021): 1F1B min(m, p - i); GPipe m;
   interleaved 1F1B the 1F1B count times (1 + (p - 1) / (p · v));
 - ZeRO-3's own buffers (FSDP2, `fully_shard` per transformer block and per stage, as torchtitan and
@@ -111,6 +117,7 @@ class MemoryConfig:
     dtype: str = "bf16"                 # bf16 (mixed precision, fp32 master) or fp32
     backend: str = "nccl"               # the DP collectives' backend (gloo: one more all-gather buffer)
     bucket_copy: bool = False           # replicated DP's sync keeps its gradient buckets beside the gradients
+    grads_freed: bool = False           # the run sets its gradients to None between steps (grads_at_peak)
 
     def __post_init__(self) -> None:
         if self.zero not in ZERO_STAGES or self.recompute not in RECOMPUTE:
@@ -142,7 +149,9 @@ class Estimate:
         other = f" {'+' if self.other >= 0 else '-'} other {abs(self.other) / div:.3g}" if self.other else ""
         buffers = (f" + ZeRO-3 buffers {self.sharding_buffers / div:.3g}" * bool(self.sharding_buffers)
                    + f" + DP buckets {self.dp_buckets / div:.3g}" * bool(self.dp_buckets))
-        return (f"weights {self.weights / div:.3g} + gradients {self.grads / div:.3g} + optimizer "
+        grads = (f"gradients {self.grads / div:.3g}" if self.grads else
+                 "gradients 0 (none yet at the step's first backward)")
+        return (f"weights {self.weights / div:.3g} + {grads} + optimizer "
                 f"{self.optimizer / div:.3g}{buffers} + activations {self.activations / div:.3g} ({self.in_flight:g} "
                 f"micro-batch{'es' * (self.in_flight != 1)} in flight){other} "
                 f"= {self.total / div:.3g} {unit} (stage {self.stage})")
@@ -183,6 +192,19 @@ def sharding_buffers(s: Shape, lay: MemoryConfig, stage: int) -> float:
     return gathered + deferred
 
 
+def grads_at_peak(lay: MemoryConfig, stage: int) -> bool:
+    """Whether the stage's gradients are alive at its activation peak. The peak is at the first
+    backward after the most forwards; where the run sets its gradients to None between steps
+    (`grads_freed`: torch's `zero_grad()` default, the trainer) and the stage runs no more
+    micro-batches than it holds in flight then (GPipe; 1F1B with m <= p - stage; ZB1P m <= p;
+    interleaved 1F1B by `in_flight`'s count, as ZeRO-3's deferred gradients are), that first
+    backward comes before any gradient of the step: none are alive. A persistent gradient buffer
+    (Megatron-LM's) or a run that does not say: counted."""
+    if not lay.grads_freed:
+        return True
+    return lay.num_micro_batches > in_flight(lay, stage)
+
+
 def dp_buckets(s: Shape, lay: MemoryConfig, stage: int) -> float:
     """Replicated DP's gradient buckets, one more copy of the rank's gradients (unsharded, the
     gradients' bytes), where its sync keeps them beside the gradients (`bucket_copy`: torch DDP's
@@ -221,11 +243,21 @@ def recompute_bytes(s: Shape, lay: MemoryConfig) -> float:
 
 
 def head_bytes(s: Shape, lay: MemoryConfig) -> float:
-    """The last stage's head, one micro-batch: final norm and output layer inputs 2·s·b·h each (/t
-    with SP) and the loss's fp32 logits 4·s·b·V/t (Korthikanti et al. 2022, 4.3); x2 for fp32."""
+    """The last stage's head, one micro-batch in flight: final norm and output layer inputs 2·s·b·h
+    each (/t with SP; x2 for fp32), the logits in the compute dtype (2·s·b·V/t, 4 in fp32) and the
+    loss's fp32 log-softmax 4·s·b·V/t (Korthikanti et al. 2022, 4.3, counts the fp32 logits alone)."""
     seq, b, t = s.seq / lay.cp, lay.micro_batch_size, lay.tp
-    per = 4.0 * seq * b * s.hidden / (t if lay.sequence_parallel else 1) + 4.0 * seq * b * s.vocab / t
-    return per * (2.0 if lay.dtype == "fp32" else 1.0)
+    fp32 = lay.dtype == "fp32"
+    inputs = 4.0 * seq * b * s.hidden / (t if lay.sequence_parallel else 1) * (2.0 if fp32 else 1.0)
+    return inputs + ((4.0 if fp32 else 2.0) + 4.0) * seq * b * s.vocab / t
+
+
+def loss_grad_bytes(s: Shape, lay: MemoryConfig) -> float:
+    """The loss's backward on the last stage, once whatever the micro-batches in flight: the fp32
+    gradient of its log-softmax output and, while that is alive, the fp32 gradient of the
+    log-softmax's input, 4·s·b·V/t each (the CPU runs' peaks fall inside
+    `aten::_log_softmax_backward_data`)."""
+    return 8.0 * (s.seq / lay.cp) * lay.micro_batch_size * s.vocab / lay.tp
 
 
 def in_flight(lay: MemoryConfig, stage: int) -> float:
@@ -246,11 +278,11 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -
     w, g, o = per_param_bytes(lay.dtype)
     shard = float(lay.dp * lay.cp)      # ZeRO shards over DP x CP (Megatron-LM, torchtitan's dp_shard_cp)
     weights = n * w / (shard if lay.zero >= 3 else 1.0)
-    grads = n * g / (shard if lay.zero >= 2 else 1.0)
+    grads = n * g / (shard if lay.zero >= 2 else 1.0) if grads_at_peak(lay, stage) else 0.0
     optim = n * o / (shard if lay.zero >= 1 else 1.0)
     flight = in_flight(lay, stage)
     act = (activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight + recompute_bytes(s, lay)
-           + (stage == lay.pp - 1) * head_bytes(s, lay) * flight)
+           + (stage == lay.pp - 1) * (head_bytes(s, lay) * flight + loss_grad_bytes(s, lay)))
     return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
                     in_flight=flight, other=other, sharding_buffers=sharding_buffers(s, lay, stage),
                     dp_buckets=dp_buckets(s, lay, stage))
@@ -407,7 +439,7 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        virtual_stages=f.virtual_pipeline_stages or 1, sequence_parallel=bool(f.sequence_parallel),
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
                        dtype="fp32" if f.dtype == "fp32" else "bf16", backend=collective_backend(d),
-                       bucket_copy=f.gradient_as_bucket_view is False)
+                       bucket_copy=f.gradient_as_bucket_view is False, grads_freed=f.grads_set_to_none is True)
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
     # any layout of more than one GPU may be given replicas by a lever (TP 2 -> TP 1 x DP 2)
     buckets = [BUCKET_WORDS[f.gradient_as_bucket_view]] if lay.tp * lay.pp * lay.dp * lay.cp > 1 else []

@@ -80,8 +80,9 @@ def from_args(path: str, args: dict, world_size: Optional[int] = None) -> tuple[
     out.update(use_distributed_optimizer=a.get("use_distributed_optimizer"),
                sequence_parallel=a.get("sequence_parallel"), recompute_granularity=a.get("recompute_granularity"),
                dtype="bf16" if a.get("bf16") else "fp16" if a.get("fp16") else None,
-               # its DDP all-reduces the contiguous grad buffer the gradients are views of: no bucket copy
-               gradient_as_bucket_view=True)
+               # its DDP all-reduces the contiguous grad buffer the gradients are views of: no bucket copy,
+               # and that buffer is allocated for the whole run (zeroed, never freed, between steps)
+               gradient_as_bucket_view=True, grads_set_to_none=False)
     notes = [f"not literal in the file, not used: {', '.join(not_literal)}"] if not_literal else []
     return known(out), notes
 

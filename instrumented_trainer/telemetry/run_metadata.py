@@ -68,6 +68,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         overlap_grad_reduce=job.parallel.overlap_grad_reduce,
         ddp_bucket_size=job.parallel.ddp_bucket_size,
         gradient_as_bucket_view=False,   # its replicated DP sync keeps the last step's buckets (GradSync)
+        grads_set_to_none=True,          # train_step: optimizer.zero_grad(set_to_none=True)
         train_iters=t.train_iters, lr=t.lr, seed=t.seed,
         torch_version=str(torch.__version__), backend=backend, backend_version=backend_version(backend),
         command=shlex.join(job.command),
