@@ -17,6 +17,7 @@ from instrumented_trainer.cli import build_parser, job_from_args
 from instrumented_trainer.parallel.mesh import MESH_AXES, group_timeout
 from instrumented_trainer.telemetry.memory import state_tensors, storage_bytes
 from instrumented_trainer.train import set_up, train_step
+from tests.trainer.worker_exit import finish
 
 
 def main(out: str, argv: list[str]) -> None:
@@ -36,7 +37,7 @@ def main(out: str, argv: list[str]) -> None:
     with open(os.path.join(out, f"rank-{s.rank}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f)
     dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from instrumented_trainer.telemetry.comm import CommLog
 from instrumented_trainer.telemetry.commtap import CommTap
+from tests.trainer.worker_exit import finish
 
 ELEMENTS = 1 << 20        # 4 MiB of fp32 in, 4 MiB out
 GLOO_SETTLE_S = 1.0       # gloo's worker thread drops its own reference to a finished Work a moment later
@@ -68,7 +69,7 @@ def main(out: str) -> None:
     records = [json.loads(line) for line in open(os.path.join(out, "comm.jsonl"))]
     with open(os.path.join(out, "rank-0.json"), "w") as f:
         json.dump({"allocated_after": allocated_after(prof), "records": records}, f)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from instrumented_trainer.telemetry.comm import CommLog
 from instrumented_trainer.telemetry.commtap import CommTap, TapSwitch
+from tests.trainer.worker_exit import finish
 
 
 def main(out: str) -> None:
@@ -35,7 +36,7 @@ def main(out: str) -> None:
     with open(os.path.join(out, "rank-0.json"), "w") as f:
         json.dump({"modes": modes, "records": records, "held_at_exit": held_at_exit,
                    "tap_class": CommTap.__name__}, f)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
