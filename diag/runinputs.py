@@ -137,11 +137,25 @@ def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
     """Start reading (and inflating) a single trace file in a thread while numpy and the decoder
     are imported, then decoding its events in forked workers while the analysis is imported
     (trace.prefetch), unless its summary is what will be read. Call it first: the file is
-    opened before anything heavy is imported."""
+    opened before anything heavy is imported. A directory whose run is one trace file (a
+    one-rank job, a folder per rank) is read ahead the same way; one of several ranks is not
+    (they may go to worker processes, which must not inherit a read in flight)."""
     from .trace import prefetch
-    from .trace.discover import SUMMARY_SUFFIX
+    from .trace.discover import SUMMARY_SUFFIX, find
+    from .trace.errors import TraceError
 
-    if not (inputs.use_summaries and os.path.exists(path + SUMMARY_SUFFIX)):
+    if os.path.isdir(path):
+        try:
+            found = find(path, inputs.iteration)
+        except (TraceError, OSError):
+            return                                    # the loader reports it
+        if len(found.traces) != 1:
+            return
+        summary_there = found.traces[0] + SUMMARY_SUFFIX in found.summaries
+        path = found.traces[0]
+    else:
+        summary_there = os.path.exists(path + SUMMARY_SUFFIX)
+    if not (inputs.use_summaries and summary_there):
         prefetch.start(path)
         prefetch.decode_ahead(path)
 

@@ -180,3 +180,40 @@ def test_chunks_of_a_dead_worker_are_decoded_here(monkeypatch):
     got = spread.results()
     assert len(got) == len(ranges) and all(got)
     assert sum(c.rows for c in got) == len(whole[0].events)
+
+
+def test_a_directory_of_one_trace_is_read_ahead(monkeypatch, tmp_path):
+    """`diag analyze DIR` where the run is one trace file reads and decodes it ahead as for FILE
+    (start-up to the first byte 0.139 -> 0.051 s, benchmarks/README.md); the loader takes what was
+    read, and the diagnosis is the one of a load without read-ahead. Several ranks, or a rank whose
+    summary will be read instead, are not read ahead."""
+    from diag.runinputs import RunInputs, open_run, prefetch_trace
+    from diag.trace import prefetch
+    from diag.trace.discover import find
+
+    folder = os.path.dirname(NCCL)
+    monkeypatch.setenv("DIAG_NO_PREFETCH", "1")
+    plain = open_run(folder)
+    monkeypatch.delenv("DIAG_NO_PREFETCH")
+    monkeypatch.setenv("DIAG_WORKERS", "2")
+    monkeypatch.setattr(schema, "CHUNK_BYTES", 1 << 20)
+    prefetch_trace(folder)
+    (trace,) = find(folder).traces
+    assert list(prefetch._AHEAD) == [trace] and len(chunks._AHEAD) == 1     # read, and decoding
+    ahead = open_run(folder)
+    assert prefetch._AHEAD == {} and chunks._AHEAD == []                  # taken by the loader
+    assert ahead.ranks[0].events == plain.ranks[0].events > 20_000
+    assert ahead.ranks[0].breakdown == plain.ranks[0].breakdown
+    prefetch_trace(os.path.join(DATA, "dlrm_2_ranks_alltoall"))
+    assert prefetch._AHEAD == {}
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "rank0.json.gz").write_bytes(open(NCCL, "rb").read())
+    (one / "rank0.json.gz.diagsum").write_bytes(b"")
+    prefetch_trace(str(one))
+    assert prefetch._AHEAD == {}
+    prefetch_trace(str(one), RunInputs(use_summaries=False))
+    assert list(prefetch._AHEAD) == [str(one / "rank0.json.gz")]
+    prefetch.take(str(one / "rank0.json.gz"))
+    while chunks._AHEAD:
+        chunks._AHEAD.pop().close(kill=True)
