@@ -137,19 +137,22 @@ def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
     """Start reading (and inflating) a single trace file in a thread while numpy and the decoder
     are imported, then decoding its events in forked workers while the analysis is imported
     (trace.prefetch), unless its summary is what will be read. Call it first: the file is
-    opened before anything heavy is imported. A directory whose run is one trace file (a
-    one-rank job, a folder per rank) is read ahead the same way; one of several ranks is not
-    (they may go to worker processes, which must not inherit a read in flight)."""
+    opened before anything heavy is imported. In a directory the run's first trace file, the
+    first the loader reads, is read ahead the same way where its files are loaded in this process
+    (not where they go to worker processes, which must not inherit a read in flight)."""
     from .trace import prefetch
     from .trace.discover import SUMMARY_SUFFIX, find
     from .trace.errors import TraceError
+    from .trace.read import file_size, in_one_process
 
     if os.path.isdir(path):
         try:
             found = find(path, inputs.iteration)
         except (TraceError, OSError):
             return                                    # the loader reports it
-        if len(found.traces) != 1:
+        # the loader's items (analysis.collect.items_of): the traces, then summaries without a trace
+        alone = set(found.summaries) - {t + SUMMARY_SUFFIX for t in found.traces}
+        if not found.traces or not in_one_process([file_size(t) for t in found.traces] + [0] * len(alone)):
             return
         summary_there = found.traces[0] + SUMMARY_SUFFIX in found.summaries
         path = found.traces[0]

@@ -182,11 +182,11 @@ def test_chunks_of_a_dead_worker_are_decoded_here(monkeypatch):
     assert sum(c.rows for c in got) == len(whole[0].events)
 
 
-def test_a_directory_of_one_trace_is_read_ahead(monkeypatch, tmp_path):
-    """`diag analyze DIR` where the run is one trace file reads and decodes it ahead as for FILE
-    (start-up to the first byte 0.139 -> 0.051 s, benchmarks/README.md); the loader takes what was
-    read, and the diagnosis is the one of a load without read-ahead. Several ranks, or a rank whose
-    summary will be read instead, are not read ahead."""
+def test_a_directorys_first_trace_is_read_ahead(monkeypatch, tmp_path):
+    """`diag analyze DIR` reads and decodes the run's first trace file ahead as for FILE (start-up
+    to the first byte 0.139 -> 0.051 s, benchmarks/README.md); the loader takes what was read, and
+    the diagnosis is the one of a load without read-ahead. Not where the ranks go to worker
+    processes (here forced by DIAG_WORKERS), nor where a rank's summary will be read instead."""
     from diag.runinputs import RunInputs, open_run, prefetch_trace
     from diag.trace import prefetch
     from diag.trace.discover import find
@@ -204,7 +204,15 @@ def test_a_directory_of_one_trace_is_read_ahead(monkeypatch, tmp_path):
     assert prefetch._AHEAD == {} and chunks._AHEAD == []                  # taken by the loader
     assert ahead.ranks[0].events == plain.ranks[0].events > 20_000
     assert ahead.ranks[0].breakdown == plain.ranks[0].breakdown
-    prefetch_trace(os.path.join(DATA, "dlrm_2_ranks_alltoall"))
+    two = os.path.join(DATA, "dlrm_2_ranks_alltoall")
+    prefetch_trace(two)                                   # DIAG_WORKERS=2: a pool of 2 workers
+    assert prefetch._AHEAD == {}
+    monkeypatch.delenv("DIAG_WORKERS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)   # one core: in process
+    prefetch_trace(two)
+    first = find(two).traces[0]
+    assert list(prefetch._AHEAD) == [first]
+    assert [r.events for r in open_run(two).ranks] == [r.events for r in open_run(two).ranks]
     assert prefetch._AHEAD == {}
     one = tmp_path / "one"
     one.mkdir()

@@ -28,7 +28,7 @@ from .gemms import gemm_shapes
 from .memevents import chunk_memory
 from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_kind
 from .mapped import _address
-from .read import release
+from .read import release, workers  # noqa: F401 (workers re-exported)
 from .symbols import SymbolTable
 
 # Field getters run in C over a whole chunk (map), not in a Python loop.
@@ -363,17 +363,6 @@ class Spread:
             r.close()                     # a worker still sending gets EPIPE and ends
             os.waitpid(pid, 0)
         self.workers = []
-
-
-def workers() -> int:
-    """Worker processes for one big file: the usable cores, or DIAG_WORKERS."""
-    env = os.environ.get("DIAG_WORKERS")
-    if env and env.isdigit():
-        return max(1, int(env))
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def forks() -> bool:

@@ -16,10 +16,9 @@ from typing import Callable, Optional
 from .. import runmeta
 from ..runmeta import RunFacts, RunMetaError
 from .build import build_rank
-from .chunks import workers
 from .discover import NOT_TRACES, SUMMARY_SUFFIX, TRACE_SUFFIXES, find, trace_files  # noqa: F401 (re-exported)
 from .errors import TraceError
-from .read import decode_trace, file_size, read_bytes, splits
+from .read import decode_trace, file_size, in_one_process, read_bytes, splits, workers
 from .safeio import read_regular
 from .table import RankTrace
 
@@ -28,8 +27,6 @@ MAX_RUN_METADATA_BYTES = 1 << 20
 # Ranks of one run start their profilers within seconds of each other (same schedule);
 # two runs in one folder are minutes apart. Clocks of different hosts may differ too.
 SAME_RUN_WINDOW_S = 300.0
-PARALLEL_MIN_BYTES = 256 << 20     # on disk
-PARALLEL_MIN_FILES = 32
 MISSING_LISTED = 4096              # missing ranks listed by number (Job.missing_count counts them all)
 
 
@@ -106,15 +103,12 @@ def each_file(fn: Callable, items: list, sizes: list[int]):
     Each worker holds one file at a time and sends back fn's (compact) result, so memory grows
     with the workers, not the ranks. sizes: bytes on disk per item.
     """
-    n = min(workers(), len(items))
-    # A pool costs ~0.1 s: it pays off from a few dozen rank files (measured: 13-16% faster at 64
-    # and 256 small gzipped ranks on 2 cores) or a few big ones; DIAG_WORKERS forces either way.
-    big = len(items) >= PARALLEL_MIN_FILES or (len(items) >= 4 and sum(sizes) >= PARALLEL_MIN_BYTES)
-    if n < 2 or not (big or os.environ.get("DIAG_WORKERS")) or not hasattr(os, "fork"):
+    if in_one_process(sizes):
         yield from map(fn, items)
         return
     import multiprocessing            # here: ~7 ms to import, and a single trace never needs it
 
+    n = min(workers(), len(items))
     with multiprocessing.get_context("fork").Pool(n, initializer=_one_process_each) as pool:
         yield from pool.imap(fn, items)
 

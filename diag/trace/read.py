@@ -200,6 +200,31 @@ def decode_trace(path: str, data: bytes, split: "bool | None" = None) -> schema.
     return doc
 
 
+PARALLEL_MIN_BYTES = 256 << 20     # on disk
+PARALLEL_MIN_FILES = 32
+
+
+def workers() -> int:
+    """Worker processes for one big file: the usable cores, or DIAG_WORKERS."""
+    env = os.environ.get("DIAG_WORKERS")
+    if env and env.isdigit():
+        return max(1, int(env))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def in_one_process(sizes: list[int]) -> bool:
+    """Whether a job's files (sizes: bytes on disk) are loaded one after the other in this process
+    rather than spread over worker processes (job.each_file). A pool costs ~0.1 s: it pays off
+    from a few dozen rank files (measured: 13-16% faster at 64 and 256 small gzipped ranks on 2
+    cores) or a few big ones; DIAG_WORKERS forces either way."""
+    n = min(workers(), len(sizes))
+    big = len(sizes) >= PARALLEL_MIN_FILES or (len(sizes) >= 4 and sum(sizes) >= PARALLEL_MIN_BYTES)
+    return n < 2 or not (big or os.environ.get("DIAG_WORKERS")) or not hasattr(os, "fork")
+
+
 def file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
