@@ -7,19 +7,20 @@ Diagnoses as they are; a value one run cannot give is None, not zero.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 import numpy as np
 
 from ..runmeta import RunFacts
 from ..analysis.results import Diagnosis, steps_in_window
+from ..record import record
 
 CONFIG_KEYS = ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "global_batch_size",
                "pipeline_schedule", "overlap_grad_reduce", "ddp_bucket_size", "dtype")
 
 
-@dataclass
+@record
 class Row:
     metric: str
     unit: str
@@ -35,7 +36,7 @@ class Row:
         return self.b / self.a - 1
 
 
-@dataclass
+@record
 class Comparison:
     a: str
     b: str

@@ -59,6 +59,7 @@ from typing import Optional
 from ..analysis.results import MemoryParts
 from ..analysis.throughput import gpt_params
 from ..hardware import device_memory
+from ..record import record
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -124,7 +125,7 @@ class MemoryConfig:
             raise ValueError(f"zero must be one of {ZERO_STAGES} and recompute one of {RECOMPUTE}")
 
 
-@dataclass
+@record
 class Estimate:
     """One rank's modelled peak and its parts, in bytes."""
     stage: int
@@ -291,7 +292,7 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -
 STAGES_LISTED = 4096      # per-stage parts past it: the first stages and the last (a claimed PP of 2^23)
 
 
-@dataclass
+@record
 class MemoryModel:
     """The model for one job's shape, calibrated on its measured peak when there is one."""
     shape: Shape

@@ -8,7 +8,7 @@ exact command that re-runs the job with the changed flags.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Callable, Optional
 
 from ..analysis.results import AxisOverlap, Diagnosis
@@ -16,6 +16,7 @@ from . import memory as mem
 from .calibrate import Calibration
 from .model import Config, ModelTooBig
 from .results import Evidence, Recommendation
+from ..record import record
 
 MIN_GAIN = 0.02            # a change the model prices under 2% of the step is not worth a re-run
 PREFER_SHARE = 0.8         # with `prefer`, the smallest change within 80% of the best predicted gain
@@ -48,7 +49,7 @@ def _confidence(fit_error: float) -> str:
     return "high" if fit_error <= 0.10 else "medium" if fit_error <= 0.25 else "low"
 
 
-@dataclass
+@record
 class Context:
     """What every rule reads: the diagnosis, the calibrated model and the memory model."""
 

@@ -8,13 +8,15 @@ documents every field.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
+
+from ..record import record
 
 CONFIDENCES = ("high", "medium", "low")
 
 
-@dataclass
+@record
 class Evidence:
     """One measured number that fired a rule."""
 
@@ -25,7 +27,7 @@ class Evidence:
     source: str = ""                   # where in the report it is ("Pipeline bubble per stage")
 
 
-@dataclass
+@record
 class Recommendation:
     """One configuration change, with its predicted step time and memory."""
 
@@ -70,7 +72,7 @@ class Recommendation:
         return 1.0 - self.step_s_after / self.step_s_before
 
 
-@dataclass
+@record
 class Basis:
     """What a diagnosis's recommendations rest on, carried beside them in the Diagnosis."""
 
@@ -80,7 +82,7 @@ class Basis:
     nothing: Optional[str] = None                          # why nothing is recommended, when nothing is
 
 
-@dataclass
+@record
 class Advice:
     """The ranked recommendations for one diagnosis, and what the model was calibrated on."""
 

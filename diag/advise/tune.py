@@ -17,7 +17,7 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 from ..runmeta import RunFacts
@@ -27,6 +27,7 @@ from ..analysis.results import Diagnosis
 from ..trace.columns import median
 from .recommend import advise
 from .results import Recommendation
+from ..record import record
 
 SKIP_FIRST = 1             # steps: allocator and gloo warm-up
 
@@ -35,7 +36,7 @@ class TuneError(RuntimeError):
     """The trainer failed or left nothing to analyse (the message says which run)."""
 
 
-@dataclass
+@record
 class Run:
     out: str
     command: str
@@ -46,7 +47,7 @@ class Run:
     diagnosis: Diagnosis = field(repr=False)
 
 
-@dataclass
+@record
 class TuneResult:
     before: Run
     after: Optional[Run]

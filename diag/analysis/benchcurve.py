@@ -13,10 +13,11 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ..trace.errors import TraceError
 from ..trace.kinds import Coll, bench_op, coll_from_arg
+from ..record import record
 
 SCHEMA = "diag.collbench/1"
 _REQUIRED = ("axis", "op", "bytes", "time_s", "busbw", "group_size")
@@ -30,7 +31,7 @@ def op_name(op) -> str | None:
     return bench_op(coll) if coll != Coll.UNKNOWN else str(op)
 
 
-@dataclass
+@record
 class BenchCurve:
     """Measured busbw by (axis, op): points are (bytes, busbw in bytes/s), sorted by size."""
 

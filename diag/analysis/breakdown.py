@@ -14,7 +14,6 @@ on working) takes nothing from compute: only the part of it where the thread doe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from ..trace.table import EventTable
 from . import intervals as iv
 from .results import Breakdown, Overlap
 from .steps import Window, work_spans
+from ..record import record
 
 NS = 1e-9
 # Kineto writes microseconds with three decimals, rounded: a child may end a tick after its
@@ -36,7 +36,7 @@ def _union(t: EventTable, rows: np.ndarray) -> iv.Intervals:
     return iv.merge(t.ts_ns[rows], t.end_ns[rows])
 
 
-@dataclass
+@record
 class TimelineSets:
     """A window's activity as merged interval sets, computed once per rank."""
 

@@ -12,7 +12,7 @@ is; a summary of a trace that could not be read is reported as that trace's prob
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Optional
 
 from ..trace.errors import TraceError
@@ -22,9 +22,10 @@ from ..trace.read import file_size
 from . import summary_file
 from .rankpass import KEEP_KERNELS, RankSummary, summarize
 from .summary_file import SUFFIX
+from ..record import record
 
 
-@dataclass
+@record
 class Item:
     """One rank's files: its trace, its summary, or both."""
 
@@ -32,7 +33,7 @@ class Item:
     summary: Optional[str]            # its summary file, when present
 
 
-@dataclass
+@record
 class Got:
     """One rank as read: its summary, or the problem, and from where."""
 

@@ -12,7 +12,7 @@ unknown (-1 / 0), never guessed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 import numpy as np
@@ -25,10 +25,11 @@ from .bandwidth import message_bytes
 from .gloowork import GlooWork, comm_column, link
 from .hostlink import C10D_RE, LABEL_RE, enclosing, launches
 from .steps import Window
+from ..record import record
 
 
 
-@dataclass
+@record
 class RankComms:
     """One rank's communication instances (columnar)."""
 

@@ -5,11 +5,13 @@ do not carry is null, with the reason in the `unknown` fields, never a zero.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
+from ..record import record
 
-@dataclass
+
+@record
 class FRWaiter:
     """A rank waiting in a collective, and since when."""
 
@@ -17,7 +19,7 @@ class FRWaiter:
     since_ns: int                     # host clock (ns since the epoch) when it entered the collective
 
 
-@dataclass
+@record
 class FRGroup:
     """Where one process group stands: the collective every member entered last, and the next."""
 
@@ -44,7 +46,7 @@ class FRGroup:
         return bool(self.missing) or self.mismatch is not None or bool(self.not_completed)
 
 
-@dataclass
+@record
 class FRP2P:
     """A point-to-point pair (group, sender, receiver) whose sends and recvs do not match: one side
     posted an op the other never entered (matched in order per pair, as fr_trace does)."""
@@ -72,7 +74,7 @@ class FRP2P:
         return True
 
 
-@dataclass
+@record
 class FROpTiming:
     """One axis × collective over the whole buffer, instances matched across their group."""
 
@@ -88,7 +90,7 @@ class FROpTiming:
     unknown: Optional[str] = None     # why durations / busbw are null
 
 
-@dataclass
+@record
 class FRLate:
     """A rank the others wait for, and since when: a slowdown the profiler window may not show."""
 
@@ -100,7 +102,7 @@ class FRLate:
     evidence: str
 
 
-@dataclass
+@record
 class FlightRecord:
     """What the Flight Recorder dumps of a job show."""
 

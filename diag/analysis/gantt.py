@@ -19,7 +19,7 @@ whose micro-batch cannot be read, stay unlabelled.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 import numpy as np
@@ -34,6 +34,7 @@ from .layoutfind import JobLayout
 from .backward import backward_compute
 from .ppactions import SINGLE_STAGE, SOURCES, PPTrace, read_rank
 from .steps import Window, window_of, work_spans
+from ..record import record
 
 KINDS = ("forward", "backward", "optimizer", "send/recv", "collective", "idle")
 _OPTIMIZER = "Optimizer.step"
@@ -41,7 +42,7 @@ _P2P = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
 NS = 1e-9
 
 
-@dataclass
+@record
 class Segment:
     """One span of a stage's step in the pipeline chart."""
 
@@ -51,7 +52,7 @@ class Segment:
     label: Optional[str] = None        # the pipeline action it runs ("F3", "B3", "F3.1"), None: not known
 
 
-@dataclass
+@record
 class StageStep:
     """One step of one rank, as consecutive segments covering [0, step_s)."""
 
@@ -66,7 +67,7 @@ class StageStep:
         return sum(s.end_s - s.start_s for s in self.segments if s.kind == kind)
 
 
-@dataclass
+@record
 class PipelineGantt:
     """The pipeline chart: one row per stage and step."""
 
@@ -103,7 +104,7 @@ def _comm_parts(rc: RankComms, compute: iv.Intervals) -> dict:
     return {"send/recv": pp, "collective": other}
 
 
-@dataclass
+@record
 class GanttInput:
     """What the Gantt needs of one rank, made by its per-rank pass (no grid needed, so a rank can
     summarise itself): its in-window steps and how its compute splits into forward / backward /

@@ -22,7 +22,6 @@ functional collectives, where it then blocked in `_c10d_functional::wait_tensor`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from ..trace.columns import distinct
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from .hostlink import enclosing
+from ..record import record
 
 ISSUE_RE = re.compile(r"^c10d::")
 FUNCOL_RE = re.compile(r"^_?c10d_functional(_autograd)?::(?!wait_tensor|_wrap)")
@@ -40,7 +40,7 @@ P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
 REWAIT_NS = 100_000   # a second wait on one tensor this soon after the first is the same blocking
 
 
-@dataclass
+@record
 class GlooWork:
     """Per transfer row (in the order given): what the issuing thread says of it."""
 

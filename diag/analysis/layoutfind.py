@@ -17,11 +17,12 @@ by the user that contradicts the names is reported, never silently preferred.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 from ..layout import AXES, FLATTENED, UNKNOWN, Layout, axis_index, axis_of_desc
 from ..trace.commtable import group_key      # one canonical key for a group's member ranks: "0,2"
+from ..record import record
 
 BASE_AXES = tuple(a for a in AXES if a not in FLATTENED)
 SIZE_KEYS = ("tp", "pp", "cp", "ep", "dp_shard")      # what flags, config files and diag_run.json give
@@ -43,7 +44,7 @@ def compact_pg_config(pg_config: list) -> list[list]:
     return out
 
 
-@dataclass
+@record
 class JobLayout:
     """The layout of one job as far as it is known, and every named group."""
 

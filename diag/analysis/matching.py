@@ -16,17 +16,17 @@ did not: busbw needs it for the bus factor.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..trace.kinds import Coll
 from .collectives import RankComms
+from ..record import record
 
 INFERRED_GROUP = "*"
 
 
-@dataclass
+@record
 class Matched:
     """Per instance of a rank's collectives: its transfer, its wait, and whether it came last."""
 

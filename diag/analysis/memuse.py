@@ -13,7 +13,7 @@ per pipeline stage, and the source of the job's peak) in `memory_usage`.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 import numpy as np
@@ -22,6 +22,7 @@ from ..trace.memevents import CPU
 from ..trace.table import RankTrace
 from .results import MemoryCurve, MemoryUsage, RankPeak
 from .steps import Window
+from ..record import record
 
 CURVE_POINTS = 300
 # The CPU allocator's total in the profiler starts at zero when the profiler does (c10's
@@ -40,7 +41,7 @@ def _empty() -> np.ndarray:
     return np.zeros(0, np.int64)
 
 
-@dataclass
+@record
 class RankMemory:
     """One rank's measured memory, from its trace alone."""
 

@@ -23,7 +23,7 @@ the compute kernels launched inside it. The job-level reading is ppschedule.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 import numpy as np
@@ -36,6 +36,7 @@ from .collectives import RankComms
 from .hostlink import kernel_spans
 from .ppwaits import P2P_OPS, P2PWaits, gpu_waits, host_waits, main_thread
 from .steps import Window, _step_of
+from ..record import record
 
 ACTIONS = ("F", "B", "I", "W")          # forward, full backward, backward input, backward weight
 KIND = {k: i for i, k in enumerate(ACTIONS)}
@@ -60,7 +61,7 @@ def _ints(dtype) -> np.ndarray:
     return np.zeros(0, dtype)
 
 
-@dataclass
+@record
 class PPTrace:
     """What one rank's trace shows of its pipeline (plain data: it travels in the rank summary)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 import numpy as np
@@ -19,9 +19,10 @@ import numpy as np
 from ..trace.columns import distinct
 from ..runmeta import RunFacts
 from .ppactions import KIND, SINGLE_STAGE, SOURCES, PPTrace
+from ..record import record
 
 
-@dataclass
+@record
 class Schedule:
     """The schedule as far as it is known, and where each fact came from."""
 

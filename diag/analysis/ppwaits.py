@@ -21,7 +21,7 @@ What counts as waiting:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from . import intervals as iv
 from .collectives import RankComms
 from .hostlink import enclosing
 from .steps import Window
+from ..record import record
 
 P2P_COLLS = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
 P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
@@ -46,7 +47,7 @@ def _ints(dtype) -> np.ndarray:
     return np.zeros(0, dtype)
 
 
-@dataclass
+@record
 class P2PWaits:
     """One rank's point-to-point ops (candidates for the pipeline's) and its waits on them."""
 

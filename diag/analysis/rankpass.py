@@ -11,7 +11,7 @@ by the trainer itself when its profiler finishes. Summaries are about 150 times 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 from ..trace.columns import distinct, median
@@ -28,6 +28,7 @@ from .ppactions import PPTrace, read_rank
 from .results import RankResult, StepTime
 from .shapes import attention_kind
 from .steps import window_of
+from ..record import record
 
 # DTensor's dispatch marks: its aten::linear carries the global (unsharded) weight, its local
 # GEMMs run nested inside with the sharded one.
@@ -37,7 +38,7 @@ DTENSOR_RE = re.compile(r"^(Redistribute|NestedRedistribute|PythonSubclass)$")
 KEEP_KERNELS = 50
 
 
-@dataclass
+@record
 class RankSummary:
     """One rank's share of a diagnosis, and what the job-level merge needs to know of its file."""
 

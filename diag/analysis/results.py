@@ -7,15 +7,16 @@ the trace cannot give is null (None), never a guess.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 from ..runmeta import RunFacts
+from ..record import record
 
 SCHEMA_VERSION = "1.14"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak
 
 
-@dataclass
+@record
 class Breakdown:
     """Where the timeline's time goes. compute + comm + memory + other + idle = span."""
 
@@ -36,7 +37,7 @@ class Breakdown:
         return self.comm_s + self.memory_s + self.other_s
 
 
-@dataclass
+@record
 class Overlap:
     """How much communication hides behind compute (HTA's comm/comp overlap)."""
 
@@ -47,7 +48,7 @@ class Overlap:
     exposed_per_step_s: Optional[float]
 
 
-@dataclass
+@record
 class StepTime:
     """One profiler step of a rank: its host and GPU time."""
 
@@ -57,7 +58,7 @@ class StepTime:
     exposed_comm_s: Optional[float] = None
 
 
-@dataclass
+@record
 class KernelStat:
     """One kernel name's count and time on a rank."""
 
@@ -69,7 +70,7 @@ class KernelStat:
     mean_us: float
 
 
-@dataclass
+@record
 class HostOps:
     """A host timeline's operators and their fixed cost per step (analysis.hostops)."""
 
@@ -91,7 +92,7 @@ class HostOps:
         return self.aten_ops_per_step * self.aten_op_s + self.framework_per_step_s
 
 
-@dataclass
+@record
 class BackwardSplit:
     """The backward pass's compute and the parts of it that hold weight gradients, per step
     (analysis.backward): what the zero-bubble schedule's weight pass ("W") takes out of each backward."""
@@ -110,7 +111,7 @@ class BackwardSplit:
         return (0.5 * self.weight_gemm_s + self.weight_only_s) / self.backward_s
 
 
-@dataclass
+@record
 class RankResult:
     """Everything measured on one rank."""
 
@@ -175,7 +176,7 @@ def per_what(ranks: list[RankResult]) -> str:
     return "step" if window_is_steps(ranks) else "window"
 
 
-@dataclass
+@record
 class Problem:
     """A file not analysed, and why."""
 
@@ -183,7 +184,7 @@ class Problem:
     problem: str
 
 
-@dataclass
+@record
 class Diagnosis:
     """The job's results: what every view and the recommender read (docs/schema.md)."""
 
@@ -219,7 +220,7 @@ class Diagnosis:
         return bool(self.ranks) and all(r.timeline != "gpu" for r in self.ranks)
 
 
-@dataclass
+@record
 class CommOpStat:
     """One parallel axis × collective × message-size bucket, over all ranks analysed."""
 
@@ -245,7 +246,7 @@ class CommOpStat:
     group_size: Optional[int] = None          # n of the bus factor (median): the trace's, else a complete match's
 
 
-@dataclass
+@record
 class AxisOverlap:
     """Communication on one parallel axis, and how much of it compute hides."""
 
@@ -256,7 +257,7 @@ class AxisOverlap:
     exposed_per_step_s: Optional[float]
 
 
-@dataclass
+@record
 class RankComm:
     """One rank's communication time, and what of it waited for others."""
 
@@ -284,7 +285,7 @@ class StragglerKind(str, enum.Enum):
     BLOCK = "block"                    # consecutive ranks, their hosts unknown: one node?
 
 
-@dataclass
+@record
 class Straggler:
     """A rank, or a set of ranks, that the others waited for."""
 
@@ -308,7 +309,7 @@ class Straggler:
         self.who = self.who or f"rank {self.rank}"
 
 
-@dataclass
+@record
 class CommAnalysis:
     """The job's collectives: per op, per axis, per rank, and who was waited for."""
 
@@ -321,7 +322,7 @@ class CommAnalysis:
     clock: Optional["ClockAlignment"] = None   # the ranks' clocks set against each other (analysis.clocks)
 
 
-@dataclass
+@record
 class ClockShift:
     """How one rank's trace clock is moved onto the reference rank's."""
 
@@ -332,7 +333,7 @@ class ClockShift:
     spread_ns: Optional[int] = None    # their median absolute deviation from it: how well the ends agree
 
 
-@dataclass
+@record
 class ClockAlignment:
     """Hosts' clocks are not aligned: each rank's offset, from the ends of matched collectives."""
 
@@ -354,7 +355,7 @@ class FindingKind(str, enum.Enum):
     STRAGGLER = "straggler"            # the others waiting for a rank or a set of ranks
 
 
-@dataclass
+@record
 class Finding:
     """One way a step loses time, in seconds per step: the report leads with the biggest."""
 
@@ -366,7 +367,7 @@ class Finding:
     ranks: list[int] = field(default_factory=list)   # kind "straggler": the ranks waited for
 
 
-@dataclass
+@record
 class PipelineStage:
     """One pipeline stage: its ranks, time and bubble."""
 
@@ -379,7 +380,7 @@ class PipelineStage:
     order: list[str] = field(default_factory=list)   # one step's actions as torch names them: "2F0", "B1"
 
 
-@dataclass
+@record
 class Pipeline:
     """The pipeline: its schedule, stages and bubble."""
 
@@ -397,7 +398,7 @@ class Pipeline:
     unknown: list[str] = field(default_factory=list)   # what could not be read, and why
 
 
-@dataclass
+@record
 class Throughput:
     """Step time, tokens per second and MFU, where known."""
 
@@ -413,7 +414,7 @@ class Throughput:
     unknown: list[str] = field(default_factory=list)
 
 
-@dataclass
+@record
 class RankPeak:
     """One rank's peak memory as its trace's memory events measured it."""
 
@@ -426,7 +427,7 @@ class RankPeak:
     lower_bound: bool = False          # the CPU allocator counts only what was allocated while profiling
 
 
-@dataclass
+@record
 class MemoryCurve:
     """Allocated bytes over time on one rank: one line per pipeline stage in the charts."""
 
@@ -436,7 +437,7 @@ class MemoryCurve:
     allocated_bytes: list[int]         # the largest `Total Allocated` in each time bucket: the peak is a point
 
 
-@dataclass
+@record
 class MemoryParts:
     """What the memory model (diag.advise.memory) says one stage's peak is made of, bytes."""
 
@@ -451,7 +452,7 @@ class MemoryParts:
     dp_buckets: float = 0.0            # replicated DP's gradient buckets beside the gradients (DDP's default)
 
 
-@dataclass
+@record
 class MemoryUsage:
     """Measured memory: the peak per rank, its curve per stage, and where the job's peak
     (facts.peak_memory_bytes, what the memory model is calibrated on) came from."""

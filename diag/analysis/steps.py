@@ -13,7 +13,6 @@ steps, everything is analysed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,11 +20,12 @@ from ..trace.kinds import Kind
 from ..trace.table import EventTable
 from .hostlink import launches
 from .results import WHOLE_TRACE
+from ..record import record
 
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 
 
-@dataclass
+@record
 class StepSpans:
     """A rank's ProfilerStep spans, one row per step."""
 
@@ -49,7 +49,7 @@ def launch_times(t: EventTable, rows: np.ndarray) -> np.ndarray:
     return launches(t, rows)[0]
 
 
-@dataclass
+@record
 class Window:
     """Which GPU rows (or host rows) an analysis covers, and how they map to steps."""
 

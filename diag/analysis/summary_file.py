@@ -15,7 +15,6 @@ the integer dtype its field has, no NaN or negative time, a breakdown that adds 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import msgspec
@@ -25,6 +24,7 @@ from ..trace.safeio import atomic_write, open_regular, read_regular
 from ..trace.errors import TraceError
 from .rankpass import RankSummary
 from .summary_check import check_values
+from ..record import record
 
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
@@ -60,7 +60,7 @@ def _digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=16).digest()
 
 
-@dataclass
+@record
 class SummaryFile:
     """A rank's summary file: its trace's fingerprint and the summary (or why there is none)."""
 

@@ -21,7 +21,7 @@ import contextlib
 import gzip
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -32,11 +32,12 @@ from ..trace.errors import TraceError
 from ..trace.safeio import atomic_open, special
 from .timeline_events import copy_rank, thread_metadata
 from .timeline_marks import findings_marks, rank_name
+from ..record import record
 
 FLOW_CAT = "diag.collective"
 
 
-@dataclass
+@record
 class Written:
     """What write_timeline did: for the stderr note and the tests."""
 

@@ -15,7 +15,7 @@ peers (report.timeline) are written beside it, bound to it by its own pid, tid a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Iterator
 
 import msgspec
@@ -23,6 +23,7 @@ import msgspec
 from ..trace import schema
 from ..trace.errors import TraceError
 from ..trace.read import decode_trace, read_bytes, release
+from ..record import record
 
 _decode_events = msgspec.json.Decoder(list[dict])
 _encode = msgspec.json.Encoder()
@@ -30,7 +31,7 @@ _NAMING = {"process_name", "process_labels", "process_sort_index", "thread_name"
 _IDS = frozenset("sftbenSTFpON")          # phases whose id joins events: flows, async, objects
 
 
-@dataclass
+@record
 class Copied:
     """What copying one rank did, for the trace's metadata and the stderr note."""
 

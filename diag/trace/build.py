@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import msgspec
 import numpy as np
@@ -21,12 +21,13 @@ from .errors import TraceError
 from .memevents import memory_table
 from .symbols import SymbolTable
 from .table import EventTable, RankTrace
+from ..record import record
 
 MAX_SPAN_US = 1e11          # ~28 hours
 MAX_ABS_TS_US = 9e15        # ~285 years after the epoch: x 1000 (ns) and + MAX_SPAN_US still fit int64
 
 
-@dataclass
+@record
 class _Parts:
     """Columns of the chunks decoded so far, and what the whole file shares."""
 

@@ -12,7 +12,7 @@ import os
 import pickle
 import signal
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import chain, compress, repeat
 from operator import attrgetter, eq, index
 from typing import Iterator, Optional
@@ -30,6 +30,7 @@ from .kinds import CATEGORY_KIND, GPU_ACTIVITY, KERNEL_CATEGORIES, Kind, kernel_
 from .mapped import _address
 from .read import release, workers  # noqa: F401 (workers re-exported)
 from .symbols import SymbolTable
+from ..record import record
 
 # Field getters run in C over a whole chunk (map), not in a Python loop.
 _NAME, _CAT, _TS, _DUR, _PH = (attrgetter(f) for f in ("name", "cat", "ts", "dur", "ph"))
@@ -40,7 +41,7 @@ MIN_PARALLEL_CHUNKS = 4
 UNREADABLE = "items of traceEvents that are no readable event (not an object, or a number out of range): skipped"
 
 
-@dataclass
+@record
 class ChunkCols:
     """One chunk's events as columns, with its own local names and threads."""
 

@@ -21,13 +21,14 @@ import gzip
 import os
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 from .errors import TraceError
 from .flightrec import is_dump      # Flight Recorder dumps (JSON) beside the traces are no traces
 from .read import GZIP_MAGIC
 from .safeio import open_regular
+from ..record import record
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
 NOT_TRACES = {"diag_run.json", "hta_reference.json", "diag_bench.json"}
@@ -46,7 +47,7 @@ _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*\{')
 _WORLD = re.compile(rb'"world_size"\s*:\s*(\d+)')
 
 
-@dataclass
+@record
 class Found:
     """The folder to analyse, its trace and summary files, and what was picked and why."""
 
@@ -56,7 +57,7 @@ class Found:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass
+@record
 class _Candidate:
     """A folder under the path given that holds rank traces or summaries."""
 

@@ -21,11 +21,12 @@ import math
 import os
 import pickle
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Optional
 
 from .errors import TraceError
 from .kinds import Coll, coll_from_host_op, dtype_bytes
+from ..record import record
 
 MAX_DUMP_BYTES = 1 << 30            # a dump of 20k entries with stacks is tens of MB
 DUMP_FOLDERS = ("flightrec", "comm_traces", "fr_traces")   # ours; torchtitan's; a common choice
@@ -36,7 +37,7 @@ _KINETO_HEAD = re.compile(rb'"(?:traceEvents|schemaVersion|deviceProperties|dist
 _PICKLE_HEAD = (b"pg_config", b"entries", b"pg_status", b"version")
 
 
-@dataclass
+@record
 class FREntry:
     """One collective as one rank recorded it."""
 
@@ -56,7 +57,7 @@ class FREntry:
     timeout_s: Optional[float] = None  # the process group's timeout as the entry records it (timeout_ms)
 
 
-@dataclass
+@record
 class FRDump:
     """One rank's Flight Recorder dump, as read."""
 

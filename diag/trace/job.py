@@ -9,7 +9,7 @@ aside and reported, never mixed into the analysis.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Optional
 
 
@@ -21,6 +21,7 @@ from .errors import TraceError
 from .read import decode_trace, file_size, in_one_process, read_bytes, splits, workers
 from .safeio import read_regular
 from .table import RankTrace
+from ..record import record
 
 RUN_METADATA = "diag_run.json"
 MAX_RUN_METADATA_BYTES = 1 << 20
@@ -30,7 +31,7 @@ SAME_RUN_WINDOW_S = 300.0
 MISSING_LISTED = 4096              # missing ranks listed by number (Job.missing_count counts them all)
 
 
-@dataclass
+@record
 class FileProblem:
     """A file of the job that could not be read, and why."""
 
@@ -38,7 +39,7 @@ class FileProblem:
     problem: str
 
 
-@dataclass
+@record
 class Job:
     """The ranks of one run, as loaded, and the files that could not be."""
 

@@ -8,17 +8,18 @@ analysis (analysis.memuse) takes the peak and a curve from them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
 from . import schema
+from ..record import record
 
 NAME = "[memory]"
 CPU = 0                                # c10::DeviceType::CPU
 
 
-@dataclass
+@record
 class MemoryEvents:
     """One rank's `[memory]` instants, in trace order."""
 

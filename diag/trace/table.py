@@ -7,7 +7,7 @@ much smaller CommTable keyed by row index, because only a few events carry them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Optional
 
 import numpy as np
@@ -15,9 +15,10 @@ import numpy as np
 from .kinds import GPU_ACTIVITY, Kind
 from .memevents import MemoryEvents
 from .symbols import SymbolTable
+from ..record import record
 
 
-@dataclass
+@record
 class EventTable:
     """One rank's events as columns (one row per event)."""
 
@@ -61,7 +62,7 @@ class EventTable:
         return hits[self.name_id] if len(hits) else np.zeros(len(self), dtype=bool)
 
 
-@dataclass
+@record
 class CommTable:
     """Communication events as the trace describes them: GPU comm kernels, and the host spans
     that describe communication (record_param_comms, c10d::*, gloo:*, nccl:*, diag:comm:*)."""
@@ -81,7 +82,7 @@ class CommTable:
         return int(self.row.shape[0])
 
 
-@dataclass
+@record
 class RankTrace:
     """One rank's trace: where it came from, what it says about the job, and its events."""
 

@@ -1,0 +1,83 @@
+"""`diag.record.record` behaves as `dataclasses.dataclass` does, without compiling `__eq__` and
+`__repr__` per class: each assertion is made on a record and on its dataclass twin."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Optional
+
+import pytest
+
+from diag.record import record
+
+
+def twins():
+    @record
+    class R:
+        a: int
+        b: Optional[str] = None
+        hidden: int = field(default=0, repr=False)
+        ignored: int = field(default=0, compare=False)
+        kids: list = field(default_factory=list)
+
+    @dataclass
+    class D:
+        a: int
+        b: Optional[str] = None
+        hidden: int = field(default=0, repr=False)
+        ignored: int = field(default=0, compare=False)
+        kids: list = field(default_factory=list)
+
+    return R, D
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_same_semantics_as_dataclass(which):
+    cls = twins()[which]
+    x, y = cls(1, "b", hidden=2, ignored=3), cls(1, "b", hidden=2, ignored=4)
+    assert x == y and not (x != y)                       # compare=False is not compared
+    assert x != cls(1, "c", hidden=2) and x != replace(x, hidden=5)
+    assert (x == object()) is False and x.__eq__(object()) is NotImplemented
+    with pytest.raises(TypeError):
+        hash(x)                                          # eq without frozen: unhashable
+    name = cls.__qualname__
+    assert repr(x) == f"{name}(a=1, b='b', ignored=3, kids=[])"   # repr=False left out
+    x.kids.append(x)
+    assert repr(x) == f"{name}(a=1, b='b', ignored=3, kids=[...])"   # recursion guarded
+    assert [f.name for f in fields(cls)] == ["a", "b", "hidden", "ignored", "kids"]
+
+
+def test_a_record_is_not_equal_to_its_dataclass_twin_nor_a_subclass():
+    R, D = twins()
+    assert R(1) != D(1) and D(1) != R(1)
+
+    @record
+    class S(R):
+        c: int = 0
+
+    assert S(1) != R(1) and S(1, c=2) == S(1, c=2) and S(1, c=2) != S(1, c=3)
+    assert repr(S(1)) == "test_a_record_is_not_equal_to_its_dataclass_twin_nor_a_subclass.<locals>.S(a=1, b=None, ignored=0, kids=[], c=0)"
+
+
+def test_what_the_class_defines_is_kept_and_frozen_is_dataclass():
+    @record
+    class Own:
+        a: int
+
+        def __eq__(self, other):
+            return True
+
+        def __hash__(self):
+            return 7
+
+        def __repr__(self):
+            return "own"
+
+    assert Own(1) == Own(2) and hash(Own(1)) == 7 and repr(Own(1)) == "own"
+
+    @record(frozen=True)
+    class F:
+        a: int
+
+    assert F(1) == F(1) and hash(F(1)) == hash(F(1)) and repr(F(1)).endswith("F(a=1)")
+    with pytest.raises(Exception):
+        F(1).a = 2
