@@ -11,10 +11,11 @@ import dataclasses
 import functools
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Optional
 
 import click
+from .record import record
 
 # Megatron-LM's names for the sizes of the layout (layoutfind.SIZE_KEYS), the short ones beside them.
 SIZE_FLAGS = (("tp", "--tensor-model-parallel-size", "TP size"),
@@ -36,7 +37,7 @@ SHAPE_FLAGS = (("global_batch_size", "Sequences per step (for tokens/s, MFU)."),
                ("virtual_pipeline_stages", "Model chunks per pipeline rank (interleaved schedules)."))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunInputs:
     """What the user says about a run, beside its traces."""
 

@@ -2,7 +2,7 @@
 `__repr__` per class: each assertion is made on a record and on its dataclass twin."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import FrozenInstanceError, dataclass, field, fields, replace
 from typing import Optional
 
 import pytest
@@ -58,7 +58,7 @@ def test_a_record_is_not_equal_to_its_dataclass_twin_nor_a_subclass():
     assert repr(S(1)) == "test_a_record_is_not_equal_to_its_dataclass_twin_nor_a_subclass.<locals>.S(a=1, b=None, ignored=0, kids=[], c=0)"
 
 
-def test_what_the_class_defines_is_kept_and_frozen_is_dataclass():
+def test_what_the_class_defines_is_kept():
     @record
     class Own:
         a: int
@@ -74,10 +74,23 @@ def test_what_the_class_defines_is_kept_and_frozen_is_dataclass():
 
     assert Own(1) == Own(2) and hash(Own(1)) == 7 and repr(Own(1)) == "own"
 
-    @record(frozen=True)
+
+
+@pytest.mark.parametrize("decorate", [record, dataclass])
+def test_frozen_as_dataclass(decorate):
+    """Frozen: hashed on the tuple of its hashed fields (compare=True, or hash=True), equal by
+    its compared ones, and not assignable."""
+    @decorate(frozen=True)
     class F:
         a: int
+        b: str = "x"
+        note: str = field(default="", compare=False)
+        salt: int = field(default=0, compare=False, hash=True)
 
-    assert F(1) == F(1) and hash(F(1)) == hash(F(1)) and repr(F(1)).endswith("F(a=1)")
-    with pytest.raises(Exception):
+    assert F(1, note="p") == F(1, note="q") and F(1) != F(2)
+    assert hash(F(1, "y", salt=3)) == hash((1, "y", 3)) and hash(F(1, note="p")) == hash(F(1, note="q"))
+    assert repr(F(1)).endswith("F(a=1, b='x', note='', salt=0)")
+    with pytest.raises(FrozenInstanceError):
         F(1).a = 2
+    with pytest.raises(FrozenInstanceError):
+        del F(1).b

@@ -15,7 +15,7 @@ so time the model does not see (optimizer, data, host stalls) is held constant.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -28,6 +28,7 @@ from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
 from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, step_time
 from .schedule import WEIGHT_SHARE
+from ..record import record
 
 BWD_RATIO = 2.0
 # The untraced steps' median must be this much shorter than the traced step for the profiler's cost
@@ -52,7 +53,7 @@ def model_schedule(name) -> str:
     return MODEL_SCHEDULES[name]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Calibration:
     """The step-time model fitted to the measured run."""
 

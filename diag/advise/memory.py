@@ -53,7 +53,7 @@ Per rank, in bytes (docs/memory.md works every term by hand):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Optional
 
 from ..analysis.results import MemoryParts
@@ -86,7 +86,7 @@ def human(n: float) -> str:
     return f"{n / GiB:,.3g} GiB" if n >= GiB else f"{n / MiB:,.3g} MiB"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Shape:
     """The model's shape, as the memory model needs it."""
 
@@ -101,7 +101,7 @@ class Shape:
     attention: Optional[str] = None     # "fused": keeps no s x s scores; "eager" or None: keeps them
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MemoryConfig:
     """What memory depends on in a configuration (Megatron-LM flag names in docs/memory.md)."""
     tp: int = 1

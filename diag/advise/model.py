@@ -12,7 +12,6 @@ docs/model.md lists what the model assumes and what it ignores.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..trace.columns import median
 from ..trace.kinds import Coll
 from .memory import ZERO_STAGES
 from .schedule import SCHEDULES, WEIGHT_SHARE, Engine, Place, StageCosts, step_program
+from ..record import record
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
 # The simulation's work: ranks x steps x micro-batches x layers per stage, each a few events in
@@ -53,7 +53,7 @@ def sim_units(workload: "Workload", config: "Config", steps: int, ranks: Optiona
         max(1, workload.num_layers // config.pp) * _units_per_pass(config)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Workload:
     """What one step costs, calibrated for the unsharded model (TP = PP = 1)."""
 
@@ -102,7 +102,7 @@ class Workload:
             raise ValueError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Config:
     """The parallel layout and schedule (Megatron-LM flags in docs/model.md)."""
 
@@ -150,7 +150,7 @@ class Config:
             raise ValueError(f"num_layers {workload.num_layers} is not divisible by pp x virtual stages = {chunks}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Links:
     """nccl-tests bus bandwidth (bytes/s) per axis and a fixed latency per communication op."""
 
@@ -285,7 +285,7 @@ def _overlap(a: list, b: list) -> float:
     return total
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RankOps:
     """One rank's GPU operations, columnar, in start order, with its step boundaries."""
 
@@ -346,7 +346,7 @@ class RankOps:
         return _overlap(comm, _merge(self.start_s[x], self.start_s[x] + self.dur_s[x])) / total
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Timeline:
     """Every rank's operations over `steps` steady-state steps."""
 

@@ -12,8 +12,8 @@ receive lasts from when the rank is ready until the data is there.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Optional
+from ..record import record
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb1p")
 WEIGHT_SHARE = 0.5      # zero-bubble: the weight-gradient pass's share of a layer's backward where the trace does
@@ -21,7 +21,7 @@ WEIGHT_SHARE = 0.5      # zero-bubble: the weight-gradient pass's share of a lay
 WHATS = ("compute", "send", "recv", "coll", "launch", "wait", "idle", "mark")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Instr:
     """One instruction of a rank's program on one stream ("main" or "dp")."""
 
@@ -107,7 +107,7 @@ def stage_order(schedule: str, p: int, s: int, m: int, v: int = 1) -> list[tuple
     raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StageCosts:
     """Durations (seconds) and sizes one rank of a stage needs to write its program."""
 
@@ -149,7 +149,7 @@ class StageCosts:
     cp_dkv_bytes: int = 0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Place:
     """Where a rank sits: its groups and pipeline neighbours."""
 

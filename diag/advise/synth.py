@@ -16,13 +16,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 from .. import runmeta
 from ..runmeta import RunFacts
 from .memory import SHARDING
 from .model import Config, RankOps, Timeline, Workload
+from ..record import record
 
 US = 1e6
 BASE_US = 1_700_000_000_000_000.0 / 1000.0   # a plausible epoch in microseconds
@@ -42,7 +42,7 @@ COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv", "all_ga
               "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_allv"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Shape:
     """GPT shape written to diag_run.json (the timeline does not depend on it)."""
 
