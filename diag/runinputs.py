@@ -15,6 +15,7 @@ from dataclasses import field
 from typing import Callable, Optional
 
 import click
+
 from .record import record
 
 # Megatron-LM's names for the sizes of the layout (layoutfind.SIZE_KEYS), the short ones beside them.
@@ -151,12 +152,11 @@ def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
             found = find(path, inputs.iteration)
         except (TraceError, OSError):
             return                                    # the loader reports it
-        # the loader's items (analysis.collect.items_of): the traces, then summaries without a trace
-        alone = set(found.summaries) - {t + SUMMARY_SUFFIX for t in found.traces}
-        if not found.traces or not in_one_process([file_size(t) for t in found.traces] + [0] * len(alone)):
+        ranks = found.ranks()                         # as the loader reads them (analysis.collect.items_of)
+        if not ranks or ranks[0][0] is None or not in_one_process([file_size(t) if t else 0 for t, _ in ranks]):
             return
-        summary_there = found.traces[0] + SUMMARY_SUFFIX in found.summaries
-        path = found.traces[0]
+        path, summary = ranks[0]
+        summary_there = summary is not None
     else:
         summary_there = os.path.exists(path + SUMMARY_SUFFIX)
     if not (inputs.use_summaries and summary_there):

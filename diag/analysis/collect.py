@@ -49,10 +49,7 @@ def items_of(path: str, iteration: Optional[int] = None) -> tuple[list[Item], st
     when the traces are in subfolders: trace.discover)."""
     if os.path.isdir(path):
         found = find(path, iteration)
-        traces, sums = found.traces, set(found.summaries)
-        items = [Item(t, t + SUFFIX if t + SUFFIX in sums else None) for t in traces]
-        items += [Item(None, s) for s in sorted(sums - {t + SUFFIX for t in traces})]
-        return items, found.directory, found.notes
+        return [Item(t, s) for t, s in found.ranks()], found.directory, found.notes
     if not os.path.exists(path):
         raise TraceError(path, "no such file or directory")
     where = os.path.dirname(os.path.abspath(path))

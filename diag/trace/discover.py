@@ -56,6 +56,13 @@ class Found:
     summaries: list[str]
     notes: list[str] = field(default_factory=list)
 
+    def ranks(self) -> list[tuple[Optional[str], Optional[str]]]:
+        """(trace, its summary or None) per rank, in the order the loader reads them: the traces,
+        then the summaries that have no trace beside them, as (None, summary)."""
+        sums = set(self.summaries)
+        out = [(t, t + SUMMARY_SUFFIX if t + SUMMARY_SUFFIX in sums else None) for t in self.traces]
+        return out + [(None, s) for s in sorted(sums - {t + SUMMARY_SUFFIX for t in self.traces})]
+
 
 @record
 class _Candidate:
