@@ -11,6 +11,7 @@ from dataclasses import field
 from typing import Optional
 
 from ..runmeta import RunFacts
+from ..trace.columns import median
 from ..record import record
 
 SCHEMA_VERSION = "1.14"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak
@@ -141,11 +142,8 @@ class RankResult:
         exposed communication) are shares of. The run's step time (`step_time_s`) also counts the
         last step, which the window leaves out; on a GPU trace of two profiled steps the window is the
         first alone, and dividing its idle by the median of both read as 105% of a step."""
-        inside = sorted(s.host_s for s in self.steps if s.in_window)
-        if not inside:
-            return self.step_time_s
-        k = len(inside) // 2
-        return inside[k] if len(inside) % 2 else 0.5 * (inside[k - 1] + inside[k])
+        inside = [s.host_s for s in self.steps if s.in_window]
+        return float(median(inside)) if inside else self.step_time_s
 
 
 def steps_in_window(ranks: list[RankResult]) -> int:
