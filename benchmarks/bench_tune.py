@@ -93,23 +93,24 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
             _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
 
 
-def lever_args(doc: str, out: str, levers) -> tuple[argparse.Namespace, list[str]]:
-    """--out, --repeats, --only of a per-lever benchmark: (arguments, the levers to run)."""
+def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Namespace, list[str]]:
+    """--out, --repeats, --only of a per-lever benchmark, and --device where it has `gpu_levers`:
+    (arguments, the levers to run)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", default=out)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
-    if levers is CASES:
+    if gpu_levers is not None:
         ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the single-GPU levers (GPU_CASES) on bf16 models sized for a GPU")
     a = ap.parse_args()
     if getattr(a, "device", "cpu") == "cuda":
-        levers = GPU_CASES
+        levers = gpu_levers
     return a, [x for x in a.only.split(",") if x] or list(levers)
 
 
 def main() -> None:
-    a, only = lever_args(__doc__, "bench_out/tune", CASES)
+    a, only = lever_args(__doc__, "bench_out/tune", CASES, GPU_CASES)
     head = ["lever", "predicted step", "measured step", "noise", "step error", "predicted peak", "measured peak",
             "memory error", "change"]
     gpu = a.device == "cuda"

@@ -18,6 +18,6 @@ t0=$SECONDS
 timeout "${TUNE_LIMIT:-330}" python3 benchmarks/bench_tune.py --device cuda --repeats "${REPEATS:-1}" \
   --out "$W/tune" ${LEVERS:+--only "$LEVERS"} | tee "$W/bench_tune.md"
 echo "bench_tune: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
-[ -n "${SAMPLES-launch_bound}" ] && LIMIT=150 PYTHON=python3 scripts/make_gpu_samples.sh "$W/samples" ${SAMPLES-launch_bound}
-find "$W" -name '*.diagsum' -delete
+SAMPLES="${SAMPLES-launch_bound}"   # set empty for none; make_gpu_samples.sh deletes its summaries, tune writes none
+[ -n "$SAMPLES" ] && LIMIT=150 PYTHON=python3 scripts/make_gpu_samples.sh "$W/samples" $SAMPLES
 tar -C "$W" --exclude="./tune/*/after*/*trace.json*" --exclude="./tune/*/before-*/*trace.json*" -czf "$O/gpu.tar.gz" . && ls -la "$O"
