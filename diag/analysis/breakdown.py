@@ -14,7 +14,6 @@ on working) takes nothing from compute: only the part of it where the thread doe
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..trace.columns import distinct

@@ -28,7 +28,6 @@ from .steps import Window
 from ..record import record
 
 
-
 @record
 class RankComms:
     """One rank's communication instances (columnar)."""

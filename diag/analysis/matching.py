@@ -16,7 +16,6 @@ did not: busbw needs it for the bus factor.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..trace.kinds import Coll
