@@ -86,10 +86,46 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def one_blas_thread() -> None:
+    """numpy loaded, when it is, with OpenBLAS held to one thread. diag multiplies no matrices,
+    but OpenBLAS starts a thread per core as numpy loads it, and they spin for a while: on two
+    cores ~0.05 CPU s of a 0.2 s `diag analyze`, beside the thread that reads the trace ahead
+    (more threads, each spinning, on a bigger machine). OpenBLAS reads OPENBLAS_NUM_THREADS once,
+    when it is loaded, so the variable is set for numpy's import alone: no process diag starts
+    (the trainer under `diag tune`, whose torch may use OpenBLAS) inherits it. A variable the user
+    set, or a numpy already imported, is left as it is."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    from importlib.machinery import PathFinder
+
+    class NumpyFinder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != "numpy":
+                return None
+            sys.meta_path.remove(NumpyFinder)           # once, and never for numpy's own submodules
+            spec = PathFinder.find_spec(name, path)
+            if spec is not None and hasattr(spec.loader, "exec_module"):
+                load = spec.loader.exec_module
+
+                def exec_module(module):
+                    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+                    try:
+                        load(module)
+                    finally:
+                        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+
+                spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, NumpyFinder)
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="diag")
 def main() -> None:
     """Diagnose 3D-parallel PyTorch training from profiler traces."""
+    one_blas_thread()
 
 
 @main.command()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import click
+import pytest
 
 from conftest import DATA, ROOT
 
@@ -113,3 +114,34 @@ def test_analysis_never_imports_numpy_ma(tmp_path, monkeypatch):
         assert got["exit"] in (0, None), path
         assert "numpy.ma" not in got["end"], path
         assert "diag.analysis.stragglers" in got["end"]       # it did run the analysis
+
+
+BLAS = r"""
+import json, os, sys
+from diag.cli import one_blas_thread
+if sys.argv[1] == "diag":
+    one_blas_thread()
+import numpy
+sys.stdout.write(json.dumps({"threads": len(os.listdir("/proc/self/task")),
+                             "var": os.environ.get("OPENBLAS_NUM_THREADS")}))
+"""
+
+
+def blas_child(mode: str, **env) -> dict:
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", BLAS, mode], capture_output=True, text=True, cwd=ROOT,
+                          env={**base, "PYTHONPATH": ROOT, **env}, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def test_numpy_loads_with_one_blas_thread_and_leaves_no_variable():
+    """diag's numpy starts no OpenBLAS threads (they spin beside the read-ahead), and no process
+    diag starts inherits the setting; a user's own OPENBLAS_NUM_THREADS is left as it is."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task to count threads with")
+    plain, ours = blas_child("plain"), blas_child("diag")
+    assert ours == {"threads": 1, "var": None}
+    assert plain["var"] is None
+    if plain["threads"] == 1:
+        pytest.skip("numpy's BLAS starts no threads here (one core, or no OpenBLAS): nothing to compare")
+    assert blas_child("diag", OPENBLAS_NUM_THREADS="2") == {"threads": min(2, plain["threads"]), "var": "2"}
