@@ -1,4 +1,4 @@
 """`python -m diag ...`: the same as the `diag` command."""
-from .cli import main
+from .cli import run
 
-main()
+run()

@@ -177,6 +177,31 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     emit(draw(diagnosis), output)
 
 
+def run() -> None:
+    """The `diag` command (and `python -m diag`): main, then the process ends without the
+    interpreter's teardown, as mypy's hard_exit does. The exit functions run and the standard
+    streams are flushed as at a normal exit; what is skipped is freeing every object and module
+    one by one (~0.02 s after a 0.35 s `diag analyze` of a 50 MB trace). An exception other than
+    an exit leaves the usual way, with its traceback. Tests call main, which returns."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)       # as the interpreter prints sys.exit("message")
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):      # a closed pipe: Python exits 120 when it cannot flush
+            code = code or 120
+    os._exit(code)
+
+
 def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:
     """What a command reads for the run at `path` (runinputs.files_read): a report must never be
     written over them."""
@@ -246,4 +271,4 @@ def timeline_or_exit(out: str, diagnosis, job) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -130,3 +130,24 @@ def test_output_to_dev_null_or_a_fifo_is_written_in_place(tmp_path, dev_null_kep
     assert p.returncode == 0, p.stderr
     assert json.loads(got[0])["world_size"] == 2
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["report.fifo"]   # no temporary beside it
+
+
+def test_the_command_ends_as_an_exit_would_without_the_teardown(tmp_path):
+    """cli.run (the `diag` command): the exit functions run, stdout is flushed whole into a pipe,
+    the exit code is kept, and nothing after it runs (the process ends there)."""
+    trace = os.path.join(DATA, "dlrm_2_ranks_alltoall")
+    marker = tmp_path / "atexit"
+
+    def run(*args):
+        code = ("import atexit, sys\nfrom diag.cli import run\n"
+                f"atexit.register(lambda: open({str(marker)!r}, 'a').write('ran;'))\n"
+                f"sys.argv = ['diag', *{list(args)!r}]\nrun()\nprint('after run')\n")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+    p = run("analyze", trace, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["world_size"] == 2 and "after run" not in p.stdout
+    assert json.loads(p.stdout) == json.loads(diag("analyze", trace, "--format", "json").stdout)
+    bad = run("analyze", str(tmp_path / "missing"))
+    assert bad.returncode == 2 and "missing" in bad.stderr and "after run" not in bad.stdout
+    assert marker.read_text() == "ran;ran;"
