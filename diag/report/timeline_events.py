@@ -48,7 +48,7 @@ def _dict_chunks(path: str, array) -> Iterator[list[dict]]:
             yield _decode_events.decode(memoryview(array))
             return
         for start, stop in schema.chunk_ranges(array):
-            yield _decode_events.decode(b"[" + memoryview(array)[start:stop] + b"]")
+            yield _decode_events.decode(schema.json_array(memoryview(array)[start:stop]))
             release(array, start, stop)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
         raise TraceError(path, f"events could not be decoded for the timeline: {e}") from None

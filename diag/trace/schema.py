@@ -162,6 +162,13 @@ _FOLIO = 2 << 20              # the largest page-cache folio a fault maps at onc
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
+def json_array(body) -> bytes:
+    """b"[" + body + b"]" in one copy. Each + makes a new bytes object: two copies of a chunk's
+    megabytes, the second in a fresh allocation whose pages fault in (~2 ms of a 4 MB chunk's
+    ~20 ms of decoding), where one join copies once."""
+    return b"".join((b"[", body, b"]"))
+
+
 def decode_args(raw, typ: type = Args):
     """Parse one event's args (an Args, or typ); malformed or non-object args read as empty (never fatal)."""
     if not raw or raw == b"null":
@@ -183,7 +190,7 @@ def decode_args_many(raws: list, typ: type = Args) -> list:
     if not raws:
         return []
     try:
-        out = _list_decoder[typ].decode(b"[" + b",".join(r if len(r) else b"null" for r in raws) + b"]")
+        out = _list_decoder[typ].decode(json_array(b",".join(r if len(r) else b"null" for r in raws)))
         return [_EMPTY[typ] if a is None else a for a in out]
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError, RecursionError, UnicodeDecodeError):
         return [decode_args(r, typ) for r in raws]
@@ -198,7 +205,7 @@ def decode_ids_many(raws: list) -> "list[IdArgs] | None":
     if not all(raws):                       # an event without args: the caller's loose path
         return None
     try:
-        return _ids_decoder.decode(b"[" + b",".join(raws) + b"]")
+        return _ids_decoder.decode(json_array(b",".join(raws)))
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return None
 
@@ -275,7 +282,7 @@ def _ends_events(buf: memoryview, open_at: int, close_at: int) -> bool:
     if first is None:
         return False                                       # one event longer than the window
     try:
-        msgspec.json.decode(b"[" + bytes(buf[first:close_at]) + b"]", type=list[msgspec.Raw])
+        msgspec.json.decode(json_array(buf[first:close_at]), type=list[msgspec.Raw])
         return True
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return False
@@ -360,7 +367,7 @@ def decode_events(buf) -> list:
 
 
 def decode_range(array, start: int, stop: int) -> list:
-    return decode_events(b"[" + memoryview(array)[start:stop] + b"]")
+    return decode_events(json_array(memoryview(array)[start:stop]))
 
 
 def event_chunks(array, chunked: bool = True) -> Iterator[list]:
