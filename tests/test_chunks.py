@@ -167,9 +167,34 @@ def test_decoded_ahead_for_other_bytes_is_ended(monkeypatch, tmp_path):
     assert chunks._AHEAD == [] and spread.workers == []
 
 
-def test_chunks_of_a_dead_worker_are_decoded_here(monkeypatch):
+@pytest.mark.parametrize("memfd", [True, False])
+def test_workers_results_come_back_whole_by_either_way(monkeypatch, memfd):
+    """A worker's results come back through a file in memory (memfd) where there is one, else
+    through its pipe: the same chunks either way, and each chunk made once (by one process)."""
+    if memfd and chunks._store() < 0:
+        pytest.skip("no memfd_create here: the pipe is the only way")
+    if not memfd:
+        monkeypatch.setattr(chunks, "_store", lambda: -1)
+    whole = table_of(NCCL, monkeypatch, 1 << 40, 1)
+    array = schema.decode(gzip.decompress(open(NCCL, "rb").read())).traceEvents
+    monkeypatch.setattr(schema, "CHUNK_BYTES", 64 << 10)
+    ranges = schema.chunk_ranges(array)
+    spread = chunks.Spread(array, ranges, 1)
+    assert (spread.workers[0][2] >= 0) == memfd
+    made = []                               # after the fork: this process takes no chunk, and
+    monkeypatch.setattr(chunks, "_taken", lambda fd: iter(()))             # decodes none unless
+    monkeypatch.setattr(chunks, "_work", lambda *a: made.append(a[1:]))    # one fails to come back
+    got = spread.results()
+    assert made == [] and len(got) == len(ranges) and all(got)
+    assert sum(c.rows for c in got) == len(whole[0].events)
+
+
+@pytest.mark.parametrize("memfd", [True, False])
+def test_chunks_of_a_dead_worker_are_decoded_here(monkeypatch, memfd):
     import signal
 
+    if not memfd:
+        monkeypatch.setattr(chunks, "_store", lambda: -1)
     whole = table_of(NCCL, monkeypatch, 1 << 40, 1)
     data = gzip.decompress(open(NCCL, "rb").read())
     array = schema.decode(data).traceEvents

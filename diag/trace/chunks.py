@@ -274,13 +274,22 @@ def _taken(fd: int) -> Iterator[int]:
         yield int.from_bytes(b, "little")
 
 
-def _serve(array, ranges: list, tokens: int, out: int) -> int:
-    """A worker: decode the chunks it takes, then pickle each (index, ChunkCols or None) into the
-    pipe out. Sent once all are done: the parent reads them only when it needs them, and a full
-    pipe would stop the decoding; each is let go as it is sent, so the two processes together hold
-    one copy of the results. (A pipe and pickle, not multiprocessing's Connection: importing
-    multiprocessing is ~7 ms before the fork, on the path of every single-file analysis.)"""
+def _serve(array, ranges: list, tokens: int, out: int, store: int) -> int:
+    """A worker: decode the chunks it takes, pickling each (index, ChunkCols or None) as it is
+    made into store (Spread._store: a file in memory, where the system has one), else, once all
+    are done, into the pipe out; then close out, which tells the parent it is done. Into the
+    pipe only at the end: the parent reads it only when it needs the results, and a full pipe
+    would stop the decoding. Each result is let go as it is written, so the two processes
+    together hold one copy of them. (A pipe and pickle, not multiprocessing's Connection:
+    importing multiprocessing is ~7 ms before the fork, on the path of every single-file
+    analysis.)"""
     try:
+        if store >= 0:
+            with os.fdopen(store, "wb", buffering=1 << 16, closefd=False) as f:
+                for i in _taken(tokens):
+                    pickle.dump((i, _work(array, *ranges[i])), f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.close(out)
+            return 0
         done = {i: _work(array, *ranges[i]) for i in _taken(tokens)}
         with os.fdopen(out, "wb", buffering=1 << 16) as f:
             for i in list(done):
@@ -288,6 +297,16 @@ def _serve(array, ranges: list, tokens: int, out: int) -> int:
         return 0
     except BaseException:                 # the parent decodes what it did not get
         return 1
+
+
+def _store() -> int:
+    """A file in memory (memfd) a worker writes its results to as it makes them, while this
+    process decodes its own chunks: read back at the end, ~1 ms, where the pipe took ~10 ms of a
+    50 MB trace's results after the last chunk. -1 where the system has none (then the pipe)."""
+    try:
+        return os.memfd_create("diag-chunks", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return -1
 
 
 def _gathered(f) -> Iterator[tuple]:
@@ -303,7 +322,8 @@ def _gathered(f) -> Iterator[tuple]:
 class Spread:
     """The chunks of one events array (ranges) decoded by forked worker processes and by this
     one. Their indices wait in a pipe; each worker takes the next until none is left and sends
-    back what it made (arrays, local names, a few Args) once done. results() has this process
+    back what it made (arrays, local names, a few Args): written to a file in memory as it goes
+    (_store), else through its pipe once done. results() has this process
     take chunks from the same pipe too, and then gathers the workers' (a chunk a dead worker
     took is decoded here). Started early (decode_ahead), the workers decode while this process
     imports the analysis; the workers share the file's bytes with it (copy-on-write)."""
@@ -322,18 +342,21 @@ class Spread:
         os.close(w)                       # an empty pipe now reads as its end
         for _ in range(n):
             r, w = os.pipe()
+            store = _store()
             pid = os.fork()
             if pid == 0:                  # the worker: never back into the caller's code
                 code = 1
                 try:
                     os.close(r)
-                    for _, other in self.workers:
+                    for _, other, its in self.workers:
                         other.close()
-                    code = _serve(array, ranges, self.tokens, w)
+                        if its >= 0:
+                            os.close(its)
+                    code = _serve(array, ranges, self.tokens, w, store)
                 finally:
                     os._exit(code)
             os.close(w)
-            self.workers.append((pid, os.fdopen(r, "rb", buffering=1 << 16)))
+            self.workers.append((pid, os.fdopen(r, "rb", buffering=1 << 16), store))
 
     def results(self) -> list:
         """Every chunk's ChunkCols (None where a cut fell inside an event), in order."""
@@ -342,8 +365,14 @@ class Spread:
         try:
             for i in chain(_taken(self.tokens), self.left):
                 done[i] = _work(self.array, *self.ranges[i])
-            for _, r in self.workers:
-                done.update(_gathered(r))
+            for _, r, store in self.workers:
+                if store < 0:
+                    done.update(_gathered(r))
+                    continue
+                r.read()                  # its end: the worker is done, or dead
+                os.lseek(store, 0, os.SEEK_SET)
+                with os.fdopen(store, "rb", buffering=1 << 16, closefd=False) as f:
+                    done.update(_gathered(f))
             ok = True
         finally:
             self.close(kill=not ok)
@@ -355,7 +384,7 @@ class Spread:
             return
         os.close(self.tokens)
         self.tokens = -1
-        for pid, r in self.workers:
+        for pid, r, store in self.workers:
             if kill:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -363,6 +392,8 @@ class Spread:
                     pass
             r.close()                     # a worker still sending gets EPIPE and ends
             os.waitpid(pid, 0)
+            if store >= 0:
+                os.close(store)
         self.workers = []
 
 
