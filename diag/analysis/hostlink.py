@@ -50,17 +50,15 @@ def enclosing(t: EventTable, points_ns: np.ndarray, threads: np.ndarray,
 
 def launches(t: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(launch time, launch thread) of GPU rows via correlation; -1 where not found."""
-    lrows = np.flatnonzero((t.kind == Kind.RUNTIME) & (t.correlation >= 0))
+    corr, lrows = t.launch_index
     ts = np.full(rows.size, -1, dtype=np.int64)
     th = np.full(rows.size, -1, dtype=np.int64)
     if lrows.size == 0 or rows.size == 0:
         return ts, th
-    order = np.argsort(t.correlation[lrows], kind="stable")
-    corr = t.correlation[lrows][order]
     want = t.correlation[rows]
     pos = np.clip(np.searchsorted(corr, want), 0, corr.size - 1)
     hit = (corr[pos] == want) & (want >= 0)
-    src = lrows[order][pos[hit]]
+    src = lrows[pos[hit]]
     ts[hit], th[hit] = t.ts_ns[src], t.thread[src]
     return ts, th
 

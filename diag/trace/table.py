@@ -8,6 +8,7 @@ much smaller CommTable keyed by row index, because only a few events carry them.
 from __future__ import annotations
 
 from dataclasses import field
+from functools import cached_property
 from typing import Any, Optional
 
 import numpy as np
@@ -54,6 +55,15 @@ class EventTable:
 
     def name(self, row: int) -> str:
         return self.symbols[int(self.name_id[row])]
+
+    @cached_property
+    def launch_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(correlation ids, rows) of the runtime rows that carry one (the launches), sorted by
+        id: made once per table, where each look-up of kernels' launches (analysis.hostlink) sorted
+        them again, eight times a rank pass. The columns are never changed after the load."""
+        rows = np.flatnonzero((self.kind == Kind.RUNTIME) & (self.correlation >= 0))
+        order = np.argsort(self.correlation[rows], kind="stable")
+        return self.correlation[rows][order], rows[order]
 
     def name_mask(self, predicate) -> np.ndarray:
         """Rows whose name satisfies predicate; evaluated once per distinct name."""
