@@ -281,3 +281,72 @@ def test_the_model_is_fitted_to_the_window_steps_not_the_last_one(tmp_path):
     cal = calibrate(d)
     assert cal.measured_step_s == pytest.approx(24 * MS, rel=1e-3)
     assert cal.model_step_s == pytest.approx(24 * MS, rel=1e-3) and cal.fit_error < 1e-3
+
+
+def zero3_on_host(tmp_path, dp_exposed: float = 0.0, **host):
+    """DP 2, ZeRO-3, 4 layers, forward 1 ms, m=2, 8 MB of fp32 parameters (2 MB a layer), DP link
+    100 GB/s: the trace's compute 24 ms per step. Its ranks taken as a host timeline (ZeRO-3's
+    collectives hold the thread: each one on the step's path) with FSDP2's marks (4 ms a step of its
+    own time, `host` over it), and the DP axis exposed `dp_exposed` s per step where given."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, grad_bytes=8e6)
+    c = Config(dp=2, num_micro_batches=2, zero=3)
+    d = diagnosis(tmp_path, w, c, HostOps(**{**dict(ops_per_step=100, optimizer_ops_per_step=0, aten_ops_per_step=0,
+                                                     aten_op_s=0.0, framework_per_step_s=0.0, fsdp_per_step_s=4 * MS,
+                                                     fsdp_optimizer_dispatch_per_step_s=0.0), **host}), Links(dp=100e9))
+    for r in d.ranks:
+        r.timeline = "host"
+    if dp_exposed:
+        (axis,) = [a for a in d.comm.axes if a.axis == "dp"]
+        axis.exposed_per_step_s = dp_exposed
+    return d
+
+
+def test_zero3s_collectives_are_priced_as_the_step_pays_them(tmp_path):
+    """The model's ZeRO-3 collectives a step: per micro-batch and layer an all-gather before the
+    forward, one before the backward and a reduce-scatter after it, 2 x 4 x 3 = 24 calls of 2 MB x
+    (2-1)/2 / 100 GB/s = 10 us: 0.24 ms. The DP axis's exposed time (the thread held in the calls and
+    in its waits for them), 24.24 ms a step: the 24 ms more are 1 ms a call, the DP link's latency per
+    message. The model's step for the measured layout grows by those 24 ms; replicated, its one
+    gradient bucket (8 MB under ddp_bucket_size x 4 B) pays 1 ms of it: dropping ZeRO-3 is predicted
+    24 - 1 = 23 ms faster than on the transfer alone (the model's change: the synthesised trace's
+    step does not hold those 24 ms, so its prediction would be clamped). Where the DP axis was exposed
+    no longer than the model's transfer, nothing changes; nor on a GPU timeline, where the gathers do
+    not hold the thread."""
+    plain = calibrate(zero3_on_host(tmp_path / "plain", 0.2 * MS))
+    paid = calibrate(zero3_on_host(tmp_path / "paid", 24.24 * MS))
+    assert plain.links.dp_latency_s == 0.0 and plain.links.dp == pytest.approx(100e9, rel=1e-6)
+    assert paid.links.dp_latency_s == pytest.approx(1 * MS, rel=1e-6)
+    assert paid.model_step_s - plain.model_step_s == pytest.approx(24 * MS, rel=1e-6)
+    replicated = replace(plain.config, zero=0)
+    change = {k: cal.model(replicated) - cal.model_step_s for k, cal in (("plain", plain), ("paid", paid))}
+    assert change["plain"] - change["paid"] == pytest.approx(23 * MS, rel=1e-6)
+    assert any(a.startswith("ZeRO's collectives as the step pays them: 24.2 ms per step of exposed DP communication")
+               and "the model's 24 DP collectives 0.24 ms" in a and "1 ms a call" in a for a in paid.assumptions)
+    gpu = zero3_on_host(tmp_path / "gpu", 24.24 * MS)
+    for r in gpu.ranks:
+        r.timeline = "gpu"
+    assert calibrate(gpu).links.dp_latency_s == 0.0
+
+
+def test_the_comm_tap_inside_fsdps_spans_is_left_out_of_its_time_and_its_collectives(tmp_path):
+    """The trainer's comm tap ran only in the profiled steps (diag_run.json): of FSDP2's 4 ms own
+    time 1 ms was the tap's, and of the DP axis's 24.24 ms exposed a step 2.4 ms (the tap's call
+    around each collective, inside the dispatcher's call of it). Left out: FSDP's own time 3 ms a step
+    (0.375 ms per layer and micro-batch), the compute 1 ms (the 2.4 ms were not in it: communication),
+    the measured step 3.4 ms, and the collectives as paid 21.84 ms: (21.84 - 0.24) / 24 = 0.9 ms a
+    call. Scaled forward (24 - 1 - 3) / 24 = 0.833 ms, as without the tap."""
+    from diag.runmeta import Profile
+
+    d = zero3_on_host(tmp_path, 24.24 * MS, fsdp_dispatch_mode_per_step_s=1 * MS,
+                      fsdp_comm_dispatch_mode_per_step_s=2.4 * MS)
+    shown = calibrate(d)
+    d.facts.profile = Profile(enabled=True, wait=1, warmup=1, active=2, comm_tap="profiled_steps")
+    cal = calibrate(d)
+    assert shown.workload.fsdp_s_per_layer == pytest.approx(0.5 * MS, rel=1e-6)
+    assert shown.links.dp_latency_s == pytest.approx(1 * MS, rel=1e-6)
+    assert cal.workload.fsdp_s_per_layer == pytest.approx(0.375 * MS, rel=1e-6)
+    assert cal.measured_step_s == pytest.approx(shown.measured_step_s - 3.4 * MS, rel=1e-6)
+    assert cal.links.dp_latency_s == pytest.approx(0.9 * MS, rel=1e-6)
+    assert cal.workload.fwd_s_per_layer == pytest.approx(20 / 24 * MS, rel=1e-3)
+    assert shown.workload.fwd_s_per_layer == pytest.approx(20 / 24 * MS, rel=1e-3)
+    assert any("comm tap 3.4 ms per step" in a and "3.4 ms of it inside FSDP2 spans" in a for a in cal.assumptions)

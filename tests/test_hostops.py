@@ -122,3 +122,71 @@ def test_fsdp_time_unknown_without_its_marks(tmp_path):
     h = _fsdp_trace(tmp_path, marks=False)
     assert h.fsdp_per_step_s is None and h.fsdp_optimizer_dispatch_per_step_s is None
     assert h.aten_ops_per_step == 2 and h.framework_per_step_s == pytest.approx(2 * US)
+
+
+def _fsdp_wait_trace(tmp_path):
+    """FSDP2 on a host timeline as gloo runs it (us; two steps of 1000, the first in the window; main
+    thread 100, gloo's worker thread 200). An autograd node evaluate_function [100,500) whose hook
+    runs FSDP::pre_backward (layers.0) [120,480) > FSDP::all_gather (layers.0) [130,470), in which:
+    fsdp::all_gather_copy_in [140,160) > aten::cat [141,159); c10d::_allgather_base_ [170,190) posts
+    the all-gather, which gloo runs on its worker, gloo:all_gather [185,450), the main thread waiting
+    for it (Work.wait records no operator) but for an operator of FSDP's own that runs meanwhile,
+    aten::copy_ [300,310); fsdp::split_with_sizes_copy [455,465) >
+    aten::split_with_sizes_copy [456,464). Then the node's AddBackward0 [485,495) and aten::mm [520,620).
+    FSDP::post_backward_reduce (layers.0) [700,800) holds c10d::_reduce_scatter_base_ [705,745) > a
+    dispatch mode's PythonDispatchMode [710,740) > c10d::_reduce_scatter_base_ [720,730) (the comm tap
+    around the collective, inside the dispatcher's call of it), and PythonDispatchMode [750,770) >
+    aten::div_ [752,758] (the tap around FSDP's own operator)."""
+    b = TraceBuilder(backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    b.cpu_op("autograd::engine::evaluate_function: AddBackward0", 100, 400)
+    b.cpu_op("FSDP::pre_backward (layers.0)", 120, 360, cat="user_annotation")
+    b.cpu_op("FSDP::all_gather (layers.0)", 130, 340, cat="user_annotation")
+    b.cpu_op("fsdp::all_gather_copy_in", 140, 20).cpu_op("aten::cat", 141, 18)
+    b.cpu_op("c10d::_allgather_base_", 170, 20).cpu_op("gloo:all_gather", 185, 265, tid=200, cat="user_annotation")
+    b.cpu_op("aten::copy_", 300, 10)
+    b.cpu_op("fsdp::split_with_sizes_copy", 455, 10).cpu_op("aten::split_with_sizes_copy", 456, 8)
+    b.cpu_op("AddBackward0", 485, 10).cpu_op("aten::mm", 520, 100)
+    b.cpu_op("FSDP::post_backward_reduce (layers.0)", 700, 100, cat="user_annotation")
+    b.cpu_op("c10d::_reduce_scatter_base_", 705, 40).cpu_op("PythonDispatchMode", 710, 30)
+    b.cpu_op("c10d::_reduce_scatter_base_", 720, 10)
+    b.cpu_op("PythonDispatchMode", 750, 20).cpu_op("aten::div_", 752, 6)
+    b.cpu_op("aten::mm", 1001, 499)
+    b.write(str(tmp_path / "rank0.json"))
+    return summarize(load_job(str(tmp_path)).ranks[0]).result
+
+
+def test_fsdp_waits_for_gloos_worker_are_communication_not_its_own_time(tmp_path):
+    """FSDP's spans cover [120,480) and [700,800): 460 us. Blocked in communication: its collectives'
+    calls [170,190) and [705,745), and the wait for the all-gather on the worker thread, [185,450) less
+    the copy_ FSDP runs meanwhile [300,310): [170,300) + [310,450) + [705,745) = 310 us. Its own
+    time: 460 - 310 = 150 us ([120,170) + [300,310) + [450,480) + [700,705) + [745,800)); until
+    2026-11-28 the wait was in it too (460 - 60 = 400). The dispatch mode's self time inside FSDP's
+    spans: 14 us of its own (750-770 less div_'s 6) and 20 us held in the reduce-scatter's call
+    (710-740 less the inner call's 10)."""
+    h = _fsdp_wait_trace(tmp_path).host_ops
+    assert h.fsdp_per_step_s == pytest.approx(150 * US)
+    assert h.fsdp_dispatch_mode_per_step_s == pytest.approx(14 * US)
+    assert h.fsdp_comm_dispatch_mode_per_step_s == pytest.approx(20 * US)
+    assert h.dispatch_mode_per_step_s == 0.0
+
+
+def test_fsdp_spans_in_an_autograd_node_are_not_its_self_time(tmp_path):
+    """The node evaluate_function [100,500): 400 us less its nested calls (copy_in 20, the all-gather's
+    call 20, copy_ 10, the copy-out 10, AddBackward0 10) is 330 us, but FSDP's span [120,480) covers
+    360 us of it, 60 of which are those nested calls: its self time is 330 - 300 = 30 us ([100,120) +
+    [480,485) + [495,500)), not 330 (which counted FSDP's hook, wait included, in the fixed cost a
+    replicated run pays too). Framework: 30 + AddBackward0's 10 = 40 us; ATen outside FSDP's spans: aten::mm alone."""
+    h = _fsdp_wait_trace(tmp_path).host_ops
+    assert h.framework_per_step_s == pytest.approx(40 * US)
+    assert h.aten_ops_per_step == 1
+
+
+def test_a_wait_inside_fsdps_span_is_not_compute(tmp_path):
+    """The breakdown of the same step: operators cover [100,500) + [520,620) + [710,740) + [750,770);
+    less the collectives' calls [170,190) and [705,745) and the waits [190,300) and [310,450) left:
+    compute [100,170) + [300,310) + [450,500) + [520,620) + [750,770) = 250 us (until 2026-11-28: 500,
+    the wait counted as the autograd node's compute). Communication [170,450) + [705,745) = 320 us, of
+    which 10 under compute (the copy_): 310 exposed."""
+    b = _fsdp_wait_trace(tmp_path).breakdown
+    assert b.compute_s == pytest.approx(250 * US)
+    assert b.comm_s == pytest.approx(310 * US)

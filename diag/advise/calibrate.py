@@ -175,20 +175,28 @@ def _window_step(d: Diagnosis) -> Optional[float]:
     return d.throughput.step_time_s if d.throughput else None
 
 
-def _untraced_tap(d: Diagnosis, notes: list) -> float:
+def _untraced_tap(d: Diagnosis, notes: list) -> tuple[float, float, float]:
     """Seconds per step of the diag trainer's comm tap (a Python dispatch mode) in the traced steps,
     where its diag_run.json says the tap ran only in the profiled steps: the steps the run is
-    measured and predicted by do not pay it. 0 otherwise (a mode on in every step is the run's cost)."""
+    measured and predicted by do not pay it. Three parts (HostOps): in the host operators' fixed
+    cost (outside FSDP2's spans), in FSDP2's own time, and in the time FSDP2's spans are held in
+    communication (its call around a collective's, inside the dispatcher's call of it); all three
+    out of the measured step, the first two out of the compute (the third is not in it). Zeros
+    otherwise (a mode on in every step is the run's cost)."""
     ranks = _host_ops(d)
     profile = d.facts.profile if d.facts else None
     if not ranks or profile is None or profile.comm_tap != "profiled_steps":
-        return 0.0
+        return 0.0, 0.0, 0.0
     tap = float(np.mean([h.dispatch_mode_per_step_s for h in ranks]))
-    if tap > 0:
-        notes.append(f"the trainer's comm tap {tap * 1e3:.3g} ms per step (its Python dispatch mode's self time) "
+    own = float(np.mean([h.fsdp_dispatch_mode_per_step_s or 0.0 for h in ranks]))
+    comm = float(np.mean([h.fsdp_comm_dispatch_mode_per_step_s or 0.0 for h in ranks]))
+    if tap + own + comm > 0:
+        inside = f", {(own + comm) * 1e3:.3g} ms of it inside FSDP2 spans" if own + comm else ""
+        notes.append(f"the trainer's comm tap {(tap + own + comm) * 1e3:.3g} ms per step (its Python dispatch "
+                     f"mode's self time{inside}) "
                      "left out of the measured step and its compute: diag_run.json says it ran only in "
                      "the profiled steps, so the run's other steps do not pay it")
-    return tap
+    return tap, own, comm
 
 
 def _untraced_step(d: Diagnosis, step: float) -> Optional[float]:
@@ -291,11 +299,12 @@ def _tp_as_paid(d: Diagnosis, busbw: float, call_bytes: float, tp: int, calls: i
 
 
 def _fsdp_host(d: Diagnosis, zero: int, tp: int, mb_layers: int, stage_layers: int,
-               notes: list) -> tuple[float, float]:
+               notes: list, tap: float = 0.0) -> tuple[float, float]:
     """(FSDP2's own host s per layer per micro-batch, its optimizer's DTensor dispatch s per layer
     per step) from the ranks' HostOps: what going below ZeRO-2 (which FSDP2 implements, as ZeRO-3)
     takes off a host timeline besides its traffic. Zeros where the run is not ZeRO-2/3, or its
-    trace has no FSDP2 marks (then said)."""
+    trace has no FSDP2 marks (then said). `tap`: the comm tap inside FSDP2's spans that the untraced
+    steps do not pay (_untraced_tap), already out of the compute, taken out of FSDP2's time too."""
     ranks = _host_ops(d) if zero >= FSDP_MIN_ZERO else []
     if not ranks:
         return 0.0, 0.0
@@ -303,14 +312,55 @@ def _fsdp_host(d: Diagnosis, zero: int, tp: int, mb_layers: int, stage_layers: i
         notes.append(f"ZeRO-{zero}'s own host time (hooks, copies) unknown: no FSDP2 `FSDP::` marks in the trace "
                      "(FSDP1 or another framework); only its traffic is priced, so lowering it is underpriced")
         return 0.0, 0.0
-    own = float(np.mean([h.fsdp_per_step_s for h in ranks]))
+    own = max(float(np.mean([h.fsdp_per_step_s for h in ranks])) - tap, 0.0)
     opt = float(np.mean([h.fsdp_optimizer_dispatch_per_step_s or 0.0 for h in ranks])) if tp == 1 else 0.0
-    notes.append(f"FSDP2's own host time {own * 1e3:.3g} ms per step (its `FSDP::` spans less the collectives "
-                 f"in them), {own / mb_layers * 1e3:.3g} ms per layer per micro-batch, paid under ZeRO-2/3 (FSDP2) only"
+    notes.append(f"FSDP2's own host time {own * 1e3:.3g} ms per step (its `FSDP::` spans less the time they hold "
+                 f"the thread in its collectives' calls and waits{', and less the comm tap' if tap else ''}), "
+                 f"{own / mb_layers * 1e3:.3g} ms per layer per micro-batch, paid under ZeRO-2/3 (FSDP2) only"
                  + (f"; DTensor's dispatch in the optimizer step over its sharded parameters {opt * 1e3:.3g} ms "
                     "per step, gone with it" if opt else "")
                  + ("; at TP > 1 the optimizer's DTensor dispatch stays with TP's DTensor parameters" * (tp > 1)))
     return own / mb_layers, opt / stage_layers
+
+
+def _zero_as_paid(d: Diagnosis, w: Workload, c: Config, links: Links, slowdown: dict, notes: list,
+                  tap: float = 0.0) -> Links:
+    """ZeRO's collectives as the step pays them on a host timeline, where each one holds the issuing
+    thread (Workload.blocking_gathers): the DP axis's exposed time per step (its collectives' calls, and
+    the waits for those gloo runs on its worker threads, hostops.fsdp_waits), against the model's DP
+    collectives at the busbw of the median call. Where they took longer, the rest is a cost per call,
+    not per byte (a call preempted on a loaded host, a late peer waited for, gloo's hand-off to its
+    worker: on bench_tune's ZeRO-3 job the 0.8 MB calls' mean took 2.5x their median, while the
+    replicated run's one 3.5 MB all-reduce ran at the median's busbw), so it is taken as the DP link's
+    latency per message, fitted so that the model's DP collectives take what they were measured to
+    take: a change that drops calls (zero_down) drops it with them, and the gradient buckets that
+    replace them pay it once each. `tap`: the comm tap's time in those calls that the untraced steps
+    do not pay (_untraced_tap), left out. `links` unchanged otherwise, and under ZeRO-0/1, whose
+    gradients the model reduces in buckets after the backward as before."""
+    if not (c.zero >= FSDP_MIN_ZERO and c.grad_ranks > 1 and w.blocking_gathers):
+        return links
+    name = _dp_axis(d, c.zero, c.cp)
+    axis = next((a for a in (d.comm.axes if d.comm else []) if a.axis == name), None)
+    if axis is None or not axis.exposed_per_step_s:
+        return links
+    paid = axis.exposed_per_step_s - tap
+
+    def model(k: Links) -> float:
+        return step_time(w, *two_replicas(c, k), stage_slowdown=slowdown)
+
+    now, probe = model(links), 1e-3
+    modelled = now - model(replace(links, dp=math.inf))
+    calls = (model(replace(links, dp_latency_s=probe)) - now) / probe    # DP collectives a step, each on the path
+    if calls < 0.5 or paid <= modelled:
+        return links
+    latency = (paid - modelled) / calls
+    notes.append(f"ZeRO's collectives as the step pays them: {paid * 1e3:.3g} ms per step of exposed {name.upper()} "
+                 "communication (their calls, and the waits for the collectives gloo runs on its worker threads"
+                 f"{', less the comm tap' if tap else ''}), the model's {calls:.3g} DP collectives "
+                 f"{modelled * 1e3:.3g} ms at the median call's busbw: the rest, {latency * 1e3:.3g} ms a call, is "
+                 "taken as the DP link's latency per message (a cost per call, not per byte: gone with the calls "
+                 "a change drops, paid once by each gradient bucket)")
+    return replace(links, dp_latency_s=latency)
 
 
 def _dp_axis(d: Diagnosis, zero: int, cp: int = 1) -> str:
@@ -454,9 +504,9 @@ def calibrate(d: Diagnosis) -> Calibration:
         notes.append(f"measured step {step * 1e3:.4g} ms: the mean of the analysed window's steps, whose compute, "
                      f"communication and idle the model holds (the run's step time, {run_step * 1e3:.4g} ms, is the "
                      "median of every ProfilerStep, the last one too, which the window leaves out)")
-    tap = _untraced_tap(d, notes)
-    compute = [c - tap for c in _per_stage(d, pp, _per_step("compute_s"))]
-    step -= tap
+    tap, fsdp_tap, fsdp_comm_tap = _untraced_tap(d, notes)
+    compute = [c - tap - fsdp_tap for c in _per_stage(d, pp, _per_step("compute_s"))]
+    step -= tap + fsdp_tap + fsdp_comm_tap
     idle = _per_stage(d, pp, _per_step("idle_s"))
     per_stage_halves = m * HALVES * layers // pp
     launch = float(median(idle)) / per_stage_halves
@@ -464,7 +514,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     mb_layers = m * (layers // pp)
     host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes, tap)
     zero = zero_stage(meta)
-    fsdp, fsdp_opt = _fsdp_host(d, zero, tp, mb_layers, layers // pp, notes)
+    fsdp, fsdp_opt = _fsdp_host(d, zero, tp, mb_layers, layers // pp, notes, fsdp_tap)
     fixed = mb_layers * (host + dtensor) * (1 + (recompute == "full") / (1 + BWD_RATIO))
     fsdp_fixed = mb_layers * fsdp + (layers // pp) * fsdp_opt
     if fsdp_fixed and fixed + fsdp_fixed >= min(compute):
@@ -525,6 +575,7 @@ def calibrate(d: Diagnosis) -> Calibration:
                      "each collective in its call), so no prefetch hides them")
     tokens = d.throughput.tokens_per_step if d.throughput else None
     try:
+        links = _zero_as_paid(d, w, c, links, slowdown, notes, fsdp_comm_tap)
         model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
         if (untraced := _untraced_step(d, step)) is not None:
             w, slowdown, model_now, step = _without_profiler(d, pp, w, c, links, compute, fixed, scaling,

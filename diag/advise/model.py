@@ -159,13 +159,15 @@ class Links:
     dp: float = math.inf
     latency_s: float = 0.0
     cp: float = math.inf
+    dp_latency_s: float = 0.0       # more per DP collective (ZeRO's gathers and scatters, the gradient buckets):
+                                    # what a call costs beyond its bytes at the busbw (calibrate: as paid)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Links.{name} busbw must be > 0 bytes/s, got {getattr(self, name)!r}")
-        if not self.latency_s >= 0:
-            raise ValueError("latency_s must be >= 0")
+        if not self.latency_s >= 0 or not self.dp_latency_s >= 0:
+            raise ValueError("latency_s and dp_latency_s must be >= 0")
 
 
 def allreduce_s(nbytes: float, n: int, busbw: float, latency_s: float = 0.0) -> float:
@@ -204,7 +206,7 @@ def dp_buckets(layers: int, bytes_per_layer: float, c: Config, links: Links) -> 
         acc += bytes_per_layer
         if acc >= c.bucket_bytes or layer == layers - 1:
             b = _even(acc)
-            out.append((layer, b, sync(b, n, links.dp, links.latency_s)))
+            out.append((layer, b, sync(b, n, links.dp, links.latency_s + links.dp_latency_s)))
             acc = 0.0
     return tuple(out)
 
@@ -235,7 +237,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
     param_layer = (w.param_bytes or w.grad_bytes) / (c.tp * w.num_layers)
     ag_stage = _even(param_layer * layers) if zero in (1, 2) else 0
     ag_layer, rs_layer = (_even(param_layer), _even(grad_layer)) if zero >= 3 else (0, 0)
-    gather = (lambda b: gather_s(b, n_grad, links.dp, links.latency_s) if b else 0.0)
+    gather = (lambda b: gather_s(b, n_grad, links.dp, links.latency_s + links.dp_latency_s) if b else 0.0)
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
         bwd_half_s=(f * w.bwd_ratio + hb) / 2 + w.launch_overhead_s,

@@ -21,6 +21,7 @@ from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
 from . import intervals as iv
+from .hostops import fsdp_waits
 from .results import Breakdown, Overlap
 from .steps import Window, work_spans
 from ..record import record
@@ -61,16 +62,21 @@ def host_split(t: EventTable, w: Window):
     synchronous collective blocks inside whatever op encloses it (an autograd node, say),
     ops nested inside a `c10d::` call are part of the call, and `wait_tensor` is blocked.
     A span in flight (see in_flight) takes nothing from compute: the ops inside it are the
-    thread's own work, and what it leaves uncovered is exposed as communication.
+    thread's own work, and what it leaves uncovered is exposed as communication. Nor is a thread
+    computing where it waits inside FSDP2's spans for a collective that gloo runs on its worker
+    thread (hostops.fsdp_waits): inside an autograd node whose hook unshards the next layer, say.
     """
     rows = w.rows
     is_comm = t.name_mask(HOST_COMM_RE.match)[rows]
     comm_rows, op_rows = rows[is_comm], rows[~is_comm & (t.kind[rows] == Kind.CPU_OP)]
     blocking = comm_rows[~in_flight(t, comm_rows, rows[t.kind[rows] == Kind.CPU_OP])]
+    waits = fsdp_waits(t, rows)
     starts, ends = [], []
     for th in distinct(t.thread[op_rows]):
         ops = _union(t, op_rows[t.thread[op_rows] == th])
         s, e = iv.subtract(ops, _union(t, blocking[t.thread[blocking] == th]))
+        if th in waits:
+            s, e = iv.subtract((s, e), waits[th][1])
         starts.append(s)
         ends.append(e)
     compute = iv.merge(np.concatenate(starts), np.concatenate(ends)) if starts else iv.EMPTY

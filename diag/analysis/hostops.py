@@ -32,10 +32,15 @@ micro-batches; dropping DTensor's tensor parallelism). Counted here, per rank, f
 - FSDP2's own host time, when the trace has its marks (`FSDP::pre_forward`, `FSDP::all_gather`,
   `FSDP::post_backward_reduce`, ... and its `fsdp::` copy operators: torch >= 2.4's
   `torch.distributed.fsdp.fully_shard`, which wraps only its own work in them, never the module's
-  compute): the time its spans cover, less the collectives inside them (priced as traffic by the
-  step-time model), and DTensor's dispatch inside the optimizer's spans (FSDP2's sharded
-  parameters are DTensors; a replicated run's optimizer steps plain tensors). The operators inside
-  FSDP's spans are left out of the fixed cost above, which a run without FSDP still pays.
+  compute): the time its spans cover, less the time they hold the thread in communication (priced
+  as traffic by the step-time model, at the DP axis's exposed time where that is more): inside the
+  collectives' calls, and waiting for a collective that gloo runs on its worker thread
+  (fsdp_waits: the breakdown counts those waits as communication, not compute); and DTensor's
+  dispatch inside the optimizer's spans (FSDP2's sharded parameters are DTensors; a replicated
+  run's optimizer steps plain tensors). The operators inside
+  FSDP's spans are left out of the fixed cost above, which a run without FSDP still pays, and so is
+  the time of FSDP's spans nested in a non-ATen operator (an autograd node whose hook unshards the
+  layer for its backward: until 2026-11-28 its self time held them, wait included).
   FSDP1 (`FullyShardedDataParallel.*` marks, which enclose the module's forward) is not counted.
 
 GPU timelines get none of this: there the fixed host cost per kernel shows as device idle, which
@@ -52,7 +57,7 @@ from ..trace.columns import distinct, median
 from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
-from .intervals import length, merge, subtract
+from .intervals import Intervals, intersect, length, lengths_in_windows, merge, subtract
 from .results import HostOps
 from .steps import Window
 
@@ -86,8 +91,12 @@ def nesting_parent(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return parent
 
 
-def self_times_ns(t: EventTable, rows: np.ndarray) -> np.ndarray:
-    """Each call's duration less the durations of the calls nested directly in it (per thread)."""
+def self_times_ns(t: EventTable, rows: np.ndarray, less: Optional[dict] = None) -> np.ndarray:
+    """Each call's duration less the durations of the calls nested directly in it (per thread).
+    `less` ({thread: merged intervals}): the time they cover on the call's thread outside its nested
+    calls is taken out of its self time too (a nested call loses its own share): an autograd node
+    whose hook runs FSDP2's `FSDP::pre_backward` holds that span's time, which is FSDP's, not the
+    node's."""
     out = t.dur_ns[rows].astype(np.int64).copy()
     for th in distinct(t.thread[rows]):
         idx = np.flatnonzero(t.thread[rows] == th)
@@ -95,6 +104,11 @@ def self_times_ns(t: EventTable, rows: np.ndarray) -> np.ndarray:
         parent = nesting_parent(t.ts_ns[r], t.end_ns[r])
         has = parent >= 0
         np.subtract.at(out, idx[parent[has]], t.dur_ns[r[has]])
+        cover = (less or {}).get(th)
+        if cover is not None and cover[0].size:
+            covered = lengths_in_windows(cover, t.ts_ns[r], t.end_ns[r])
+            out[idx] -= covered
+            np.add.at(out, idx[parent[has]], covered[has])
     return np.maximum(out, 0)
 
 
@@ -134,11 +148,18 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
     in_fsdp = _inside(t, calls, fsdp) if fsdp.size else np.zeros(calls.size, bool)
     aten = work & t.name_mask(ATEN_RE.match)[calls]
     framework = work & ~aten & ~in_opt & ~in_fsdp
+    held = _fsdp_time(t, rows, fsdp) if fsdp.size else {}
+    if held:                                          # FSDP's spans inside a framework call are FSDP's
+        selfs = np.where(framework, self_times_ns(t, calls, {th: c for th, (c, _) in held.items()}), selfs)
     dispatch = t.name_mask(DTENSOR_COST_RE.match)[calls]
     dtensor = framework & dispatch if t.name_mask(dtensor_re.match)[rows].any() else np.zeros(calls.size, bool)
-    fsdp_s = opt_dispatch_s = None
-    if fsdp.size:
-        fsdp_s = _fsdp_own_ns(t, rows, fsdp) * 1e-9 / steps
+    mode = t.name_mask(MODE_RE.match)[calls]
+    fsdp_s = opt_dispatch_s = fsdp_mode_s = fsdp_comm_mode_s = None
+    if held:
+        fsdp_s = sum(length(c) - length(b) for c, b in held.values()) * 1e-9 / steps
+        modes = work & in_fsdp & ~in_opt & mode       # a dispatch mode's calls inside FSDP's spans
+        free = self_sum_ns(self_times_ns(t, calls, {th: b for th, (_, b) in held.items()}), modes)
+        fsdp_mode_s, fsdp_comm_mode_s = free * 1e-9 / steps, (self_sum_ns(selfs, modes) - free) * 1e-9 / steps
         opt_dispatch_s = self_sum_ns(selfs, work & in_opt & dispatch) * 1e-9 / steps
     return HostOps(
         ops_per_step=float(work.sum()) / steps,
@@ -147,16 +168,52 @@ def host_ops(t: EventTable, w: Window, dtensor_re: re.Pattern) -> Optional[HostO
         aten_op_s=float(median(selfs[aten])) * 1e-9 if aten.any() else 0.0,
         framework_per_step_s=self_sum_ns(selfs, framework) * 1e-9 / steps,
         dtensor_per_step_s=self_sum_ns(selfs, dtensor) * 1e-9 / steps,
-        dispatch_mode_per_step_s=self_sum_ns(selfs, framework & t.name_mask(MODE_RE.match)[calls])
-        * 1e-9 / steps,
-        fsdp_per_step_s=fsdp_s, fsdp_optimizer_dispatch_per_step_s=opt_dispatch_s)
+        dispatch_mode_per_step_s=self_sum_ns(selfs, framework & mode) * 1e-9 / steps,
+        fsdp_per_step_s=fsdp_s, fsdp_optimizer_dispatch_per_step_s=opt_dispatch_s,
+        fsdp_dispatch_mode_per_step_s=fsdp_mode_s, fsdp_comm_dispatch_mode_per_step_s=fsdp_comm_mode_s)
 
 
-def _fsdp_own_ns(t: EventTable, rows: np.ndarray, fsdp: np.ndarray) -> int:
-    """The time FSDP's spans cover on their threads, less the collectives' calls inside them."""
-    comm = rows[t.name_mask(HOST_COMM_RE.match)[rows] | (t.kind[rows] == Kind.COMM)]
-    total = 0
+def _comm_rows(t: EventTable, rows: np.ndarray) -> np.ndarray:
+    return rows[t.name_mask(HOST_COMM_RE.match)[rows] | (t.kind[rows] == Kind.COMM)]
+
+
+def _union(a: Intervals, b: Intervals) -> Intervals:
+    return merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+
+
+def fsdp_waits(t: EventTable, rows: np.ndarray, fsdp: Optional[np.ndarray] = None) -> dict:
+    """{thread: (the time FSDP2's spans among `rows` cover on it, where in that time it waits for a
+    collective)}, merged intervals; empty without FSDP2's marks. A wait: a collective runs on another
+    thread of the rank (gloo runs FSDP2's all-gathers and reduce-scatters on its worker threads)
+    while no operator of FSDP's own (one that starts inside its spans) runs on this one: the thread
+    is in `Work.wait`, which records no operator, inside FSDP's span, and inside whatever operator
+    encloses that span (an autograd node whose hook unshards the layer for its backward). `fsdp`:
+    the FSDP spans among `rows`, where the caller has them."""
+    if fsdp is None:
+        spans = rows[np.isin(t.kind[rows], (Kind.ANNOTATION, Kind.CPU_OP))]
+        fsdp = spans[t.name_mask(FSDP_RE.match)[spans]]
+    if fsdp.size == 0:
+        return {}
+    comm = _comm_rows(t, rows)
+    calls = np.setdiff1d(rows[t.kind[rows] == Kind.CPU_OP], comm)
+    out = {}
     for th in distinct(t.thread[fsdp]).tolist():
-        sp, cm = fsdp[t.thread[fsdp] == th], comm[t.thread[comm] == th]
-        total += length(subtract(merge(t.ts_ns[sp], t.end_ns[sp]), merge(t.ts_ns[cm], t.end_ns[cm])))
-    return total
+        sp, elsewhere, mine = fsdp[t.thread[fsdp] == th], comm[t.thread[comm] != th], calls[t.thread[calls] == th]
+        cover = merge(t.ts_ns[sp], t.end_ns[sp])
+        own = mine[_inside(t, mine, sp)]
+        running = subtract(merge(t.ts_ns[elsewhere], t.end_ns[elsewhere]), merge(t.ts_ns[own], t.end_ns[own]))
+        out[th] = (cover, intersect(cover, running))
+    return out
+
+
+def _fsdp_time(t: EventTable, rows: np.ndarray, fsdp: np.ndarray) -> dict:
+    """{thread: (the time FSDP's spans cover on it, where in it the thread is blocked in communication:
+    inside a collective's call, or waiting for one that runs on another thread (fsdp_waits))}, merged
+    intervals. FSDP's own time is the first less the second; the step-time model prices the second as
+    ZeRO's traffic."""
+    comm = _comm_rows(t, rows)
+    out = {}
+    for th, (cover, waits) in fsdp_waits(t, rows, fsdp).items():
+        cm = comm[t.thread[comm] == th]
+        out[th] = (cover, intersect(cover, _union(merge(t.ts_ns[cm], t.end_ns[cm]), waits)))
+    return out

@@ -14,7 +14,7 @@ from ..runmeta import RunFacts
 from ..trace.columns import median
 from ..record import record
 
-SCHEMA_VERSION = "1.14"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak
+SCHEMA_VERSION = "1.15"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak; 1.15: HostOps' FSDP2 dispatch modes; FSDP2's waits for gloo's worker threads neither its own time nor compute
 
 
 @record
@@ -82,10 +82,15 @@ class HostOps:
     framework_per_step_s: float       # non-ATen operators outside the optimizer's spans: their self time
     dtensor_per_step_s: float = 0.0   # of which DTensor's dispatch layer (0 without DTensor)
     dispatch_mode_per_step_s: float = 0.0  # of which Python dispatch modes' calls (PythonDispatchMode)
-    # FSDP2's own host time (analysis.hostops), None where the trace has no FSDP2 marks: its spans less
-    # the collectives in them, and DTensor's dispatch inside the optimizer's spans (its sharded parameters)
+    # FSDP2's own host time (analysis.hostops), None where the trace has no FSDP2 marks: its spans less the time
+    # they hold the thread in communication (its collectives' calls, its waits for those gloo runs on its
+    # workers), and DTensor's dispatch inside the optimizer's spans (its sharded parameters)
     fsdp_per_step_s: Optional[float] = None
     fsdp_optimizer_dispatch_per_step_s: Optional[float] = None
+    # Python dispatch modes' self time inside FSDP2's spans: of fsdp_per_step_s, and in the time the spans hold
+    # the thread in communication (a mode's call around a collective's, inside the dispatcher's call of it)
+    fsdp_dispatch_mode_per_step_s: Optional[float] = None
+    fsdp_comm_dispatch_mode_per_step_s: Optional[float] = None
 
     @property
     def fixed_per_step_s(self) -> float:

@@ -28,7 +28,7 @@ from ..record import record
 
 SUFFIX = ".diagsum"
 FORMAT = "diag-rank-summary"
-VERSION = 12         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
+VERSION = 13         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
                      # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops;
                      # 6: the trace's fingerprint over all its bytes (was its first and last MiB);
                      # 7: an op's axis from its own process group's description (same-member groups)
@@ -36,6 +36,7 @@ VERSION = 12         # 2: axes of layout.AXES, process groups; 3: gloo lanes, wa
                      # the wrap of its output (gloo); 10: host_ops' Python dispatch modes apart;
                      # 11: host_ops' non-ATen figures are self time added up (were calls x median);
                      # 12: RankResult.backward (the backward's compute and its weight gradients' parts)
+                     # 13: host_ops' FSDP2 waits and communication apart, the breakdown's compute without them
 _PIECE = 1 << 20                      # bytes hashed at a time
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30
