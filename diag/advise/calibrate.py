@@ -260,6 +260,34 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
     return host, dtensor
 
 
+def _optimizer(d: Diagnosis, pp: int, tap: float, notes: list) -> list[float]:
+    """Per stage, the optimizer's compute per step: the compute inside torch.optim's `Optimizer.step`
+    spans (on a GPU, the kernels launched from inside one) in the pipeline Gantt's step of each rank
+    (analysis.gantt: the window's median step), mean over the stage's ranks; less the comm tap's share
+    where the tap is left out of the step (`tap`, _untraced_tap: apportioned by the optimizer's share of
+    the host operators). The optimizer runs once a step, after the pipeline's flush: spread over the
+    layers' passes it would lengthen every pipeline action, and so the bubble that more micro-batches,
+    interleaving or the zero-bubble schedule remove (measured on the trainer's PP 2 jobs: those levers
+    were overpriced by 1-2 points of the step). Zeros where a rank shows no such span (another
+    framework's optimizer, a trace without host events): then it stays in the layers' compute, said.
+    Used with a pipeline only (calibrate): at PP 1 there is no bubble to distort, and held apart it
+    would re-price only ZeRO and DP changes, where what sets an optimizer's time over FSDP2's DTensors
+    (their dispatch per parameter: 19 ms sharded against 9 ms replicated on the trainer's ZeRO-3 job)
+    is not in a replicated run's trace."""
+    g = d.gantt
+    by_rank = {row.rank: row.total("optimizer") for row in g.rows + g.others} if g is not None else {}
+    if not all(by_rank.get(r.rank) for r in d.ranks):
+        notes.append("no torch.optim `Optimizer.step` compute seen on every rank: the optimizer, if any, is "
+                     "folded into the layers' compute (each pipeline action, and so the bubble, longer by its share)")
+        return [0.0] * pp
+
+    def tap_share(r) -> float:
+        h = r.host_ops
+        return tap * h.optimizer_ops_per_step / h.ops_per_step if tap and h is not None and h.ops_per_step else 0.0
+
+    return [max(o, 0.0) for o in _per_stage(d, pp, lambda r: by_rank[r.rank] - tap_share(r))]
+
+
 def _axis_link(d: Diagnosis, axis: str, notes: list) -> tuple[float, Optional[float]]:
     """(busbw bytes/s, median message bytes) of the axis's most time-consuming op with a busbw."""
     ops = [o for o in (d.comm.ops if d.comm else []) if o.axis == axis and o.busbw_median_gbps]
@@ -449,7 +477,7 @@ def _schedule(meta: RunFacts) -> dict:
 
 def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Links, compute: list, fixed: float,
                       scaling, traced: float, untraced: float, model_traced: float,
-                      notes: list) -> tuple[Workload, dict, float, float]:
+                      notes: list, opt_scale: float = 1.0) -> tuple[Workload, dict, float, float]:
     """The model moved from the traced step to the untraced steps (_untraced_step). torch.profiler
     pays a host callback at each operator it records, which the run's other steps do not: k seconds
     per recorded operator (HostOps.ops_per_step), fitted so that the model falls by what the traced
@@ -458,18 +486,24 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     (the launch overhead the model holds per kernel, so per micro-batch: where the callbacks between
     operators land), then from the compute that scales with the micro-batch; the operators' fixed
     cost (hostops) is kept. Left in, a change of micro-batches would be priced by the traced steps'
-    gaps.
+    gaps. Where the optimizer is held apart (Workload.optimizer_s, `opt_scale` x a stage's), its
+    operators' share of what the compute pays (HostOps.optimizer_ops_per_step over ops_per_step)
+    comes out of it.
     Returns (workload, stage slowdowns, the model's step, the measured step: the untraced one)."""
     ops = float(np.mean(_per_stage(d, pp, lambda r: r.host_ops.ops_per_step)))
+    opt_ops = float(np.mean(_per_stage(d, pp, lambda r: r.host_ops.optimizer_ops_per_step))) if w.optimizer_s else 0.0
     halves = c.num_micro_batches * HALVES * w.num_layers // pp
     gaps = w.launch_overhead_s * halves                  # per stage per step
+    optimizer = w.optimizer_s / opt_scale                # per stage per step
 
-    def refit(k: float) -> tuple[Workload, dict, float, float]:
+    def refit(k: float) -> tuple[Workload, dict, float, float, float]:
         cost = k * ops                                   # per stage per step
         from_gaps = min(cost, gaps)
-        fwd, slowdown = scaling([x - (cost - from_gaps) for x in compute])
-        return (replace(w, fwd_s_per_layer=fwd, launch_overhead_s=(gaps - from_gaps) / halves), slowdown,
-                from_gaps, cost - from_gaps)
+        from_opt = min((cost - from_gaps) * opt_ops / ops, optimizer) if ops > 0 else 0.0
+        fwd, slowdown = scaling([x - (cost - from_gaps - from_opt) for x in compute])
+        return (replace(w, fwd_s_per_layer=fwd, launch_overhead_s=(gaps - from_gaps) / halves,
+                        optimizer_s=(optimizer - from_opt) * opt_scale), slowdown,
+                from_gaps, cost - from_gaps - from_opt, from_opt)
 
     def model_at(k: float) -> float:
         w2, slowdown = refit(k)[:2]
@@ -478,14 +512,15 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     # at most: all the gaps, and each stage's scaling compute kept at a tenth of itself
     k_max = (gaps + 0.9 * min(x - fixed for x in compute)) / ops if ops > 0 else 0.0
     k = _fit_profiler(model_at, k_max, model_traced - (traced - untraced)) if k_max > 0 else 0.0
-    w2, slowdown, from_gaps, from_compute = refit(k)
+    w2, slowdown, from_gaps, from_compute, from_opt = refit(k)
     model = step_time(w2, *two_replicas(c, links), stage_slowdown=slowdown)
     notes.append(f"torch.profiler's own cost {k * 1e6:.3g} us per recorded host operator ({ops:,.0f} a step per "
                  f"stage), fitted so that the model falls by what the traced step ({traced * 1e3:.4g} ms) takes "
                  f"over the run's untraced steps' median ({untraced * 1e3:.4g} ms, diag_run.json), and left out: "
                  "per stage per step "
                  f"{from_gaps * 1e3:.3g} ms from the gaps between operators, {from_compute * 1e3:.3g} ms from the "
-                 "compute. The predictions are for untraced steps")
+                 "compute" + (f" and {from_opt * 1e3:.3g} ms from the optimizer (its {opt_ops:,.0f} operators' "
+                              "share)" if from_opt else "") + ". The predictions are for untraced steps")
     return w2, slowdown, model, untraced
 
 
@@ -521,19 +556,34 @@ def calibrate(d: Diagnosis) -> Calibration:
         notes.append("FSDP2's own host time not modelled: with the fixed cost it exceeds the measured compute of a stage")
         fsdp = fsdp_opt = fsdp_fixed = 0.0
     fixed += fsdp_fixed
+    # with a pipeline, the optimizer apart, once a step (FSDP2's dispatch in it is in `fixed` already); the
+    # model runs optimizer_s / (tp pp), / dp x cp more under ZeRO (Config.zero over more than one rank)
+    opt = [max(o - (layers // pp) * fsdp_opt, 0.0) for o in _optimizer(d, pp, tap, notes)] if pp > 1 else [0.0] * pp
+    if any(opt) and (zero >= FSDP_MIN_ZERO or tp > 1 and any(h.dtensor_per_step_s for h in _host_ops(d))):
+        notes.append("the optimizer stays in the layers' compute: it steps DTensors (FSDP2, DTensor TP), whose "
+                     "dispatch per parameter, not the shard's size, sets its time, which the model's optimizer_s / "
+                     "(tp pp dp) would misprice")
+        opt = [0.0] * pp
+    elif any(fixed + o >= x for x, o in zip(compute, opt)):
+        notes.append("the optimizer not held apart: with the fixed cost it exceeds the measured compute of a stage")
+        opt = [0.0] * pp
+    opt_scale = tp * pp * (dp * cp if zero and dp * cp > 1 else 1)
 
     def scaling(compute: list) -> tuple[float, dict]:
         """(forward s per layer per micro-batch at TP 1, stage slowdowns) from the stages' compute."""
-        scaled = [c - fixed for c in compute]         # per stage: what scales with the micro-batch
+        scaled = [c - fixed - o for c, o in zip(compute, opt)]   # per stage: what scales with the micro-batch
         mean_c = float(np.mean(scaled))
         return (mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full"))),
                 {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {})
 
     fwd, slowdown = scaling(compute)
     notes.append(f"forward {fwd * 1e3:.3g} ms per layer per micro-batch at TP=1{' and CP=1' * (cp > 1)}, from "
-                 f"{float(np.mean(compute)) * 1e3:.3g} ms compute per stage per step (optimizer, embedding and loss "
+                 f"{float(np.mean(compute)) * 1e3:.3g} ms compute per stage per step (embedding and loss "
                  "folded in)" + (f" less {fixed * 1e3:.3g} ms of host operators' fixed cost"
-                                 + " and FSDP2's own time" * bool(fsdp or fsdp_opt) if fixed else ""))
+                                 + " and FSDP2's own time" * bool(fsdp or fsdp_opt) if fixed else "")
+                 + (f" less the optimizer's {float(np.mean(opt)) * 1e3:.3g} ms (once a step, after the "
+                    "pipeline's flush: held apart, per stage " + ", ".join(f"{o * 1e3:.3g}" for o in opt)
+                    + " ms, their mean run on every stage)" if any(opt) else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {median(idle) * 1e3:.3g} ms "
                  f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
@@ -550,6 +600,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
+                 optimizer_s=float(np.mean(opt)) * opt_scale,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
                  weight_share=_weight_share(d, notes if pp > 1 else []))
@@ -578,8 +629,8 @@ def calibrate(d: Diagnosis) -> Calibration:
         links = _zero_as_paid(d, w, c, links, slowdown, notes, fsdp_comm_tap)
         model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
         if (untraced := _untraced_step(d, step)) is not None:
-            w, slowdown, model_now, step = _without_profiler(d, pp, w, c, links, compute, fixed, scaling,
-                                                             step, untraced, model_now, notes)
+            w, slowdown, model_now, step = _without_profiler(d, pp, w, c, links, compute, fixed + max(opt),
+                                                             scaling, step, untraced, model_now, notes, opt_scale)
     except ModelTooBig as e:
         raise CalibrationError(f"cannot calibrate the step-time model: {e}") from None
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "
