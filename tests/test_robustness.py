@@ -76,7 +76,7 @@ def test_unknown_categories_phases_and_args_are_not_fatal(tmp_path):
 
 
 # The one unpickling: a chunk's columns sent back by diag's own forked decode worker
-# (trace/chunks.py `_gathered`), through a pipe only the two processes hold, as multiprocessing's
+# (trace/chunks.py `_gathered`), through a memfd or a pipe only the two processes hold, as multiprocessing's
 # Connection.recv does for a Pool; trace content is in it only as the values of strings and arrays
 # that diag's own pickling wrote, never as opcodes. Flight Recorder pickles go through
 # trace/flightrec.py's restricted unpickler, which this pattern does not match.

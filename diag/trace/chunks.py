@@ -310,8 +310,9 @@ def _store() -> int:
 
 
 def _gathered(f) -> Iterator[tuple]:
-    """What a worker sent (f: the reading end of its pipe), up to its end or its death: a result
-    cut short by a worker's death is not one (the parent decodes that chunk itself)."""
+    """What a worker sent (f: its memfd read from the start, or the reading end of its pipe), up to
+    its end or the worker's death: a result cut short by a worker's death is not one (the parent
+    decodes that chunk itself)."""
     while True:
         try:
             yield pickle.load(f)          # our own worker's pickle (tests/test_robustness.py: the one exception)
