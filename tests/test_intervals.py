@@ -27,6 +27,8 @@ def test_against_brute_force(a, b, lo, width):
     assert iv.length(A) == len(sa)
     assert iv.length(iv.intersect(A, B)) == len(sa & sb)
     assert iv.length(iv.subtract(A, B)) == len(sa - sb)
+    U = iv.union(A, B, iv.EMPTY)
+    assert iv.length(U) == len(sa | sb) and np.all(U[0][1:] > U[1][:-1])        # merged: sorted, disjoint
     assert iv.length(iv.clip(A, lo, lo + width)) == len({t for t in sa if lo <= t < lo + width})
     got = iv.lengths_in_windows(A, np.array([lo]), np.array([lo + width]))
     assert int(got[0]) == len({t for t in sa if lo <= t < lo + width})

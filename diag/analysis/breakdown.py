@@ -117,12 +117,10 @@ def _outlives(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarr
 
 def analyse_timeline(sets: TimelineSets, w: Window, timeline: str) -> tuple[Breakdown, Overlap]:
     compute, comm, memory, other = sets.compute, sets.comm, sets.memory, sets.other
-    everything = iv.merge(np.concatenate([compute[0], comm[0], memory[0], other[0]]),
-                          np.concatenate([compute[1], comm[1], memory[1], other[1]]))
+    everything = iv.union(compute, comm, memory, other)
     span = int(everything[1][-1] - everything[0][0]) if everything[0].size else 0
     comm_only = iv.subtract(comm, compute)
-    mem_only = iv.subtract(memory, iv.merge(np.concatenate([compute[0], comm[0]]),
-                                            np.concatenate([compute[1], comm[1]])))
+    mem_only = iv.subtract(memory, iv.union(compute, comm))
     busy = iv.length(everything)
     c, x, m = iv.length(compute), iv.length(comm_only), iv.length(mem_only)
     bd = Breakdown(timeline=timeline, window=w.convention, span_s=span * NS, compute_s=c * NS,

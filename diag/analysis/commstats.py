@@ -148,7 +148,7 @@ def axis_overlap(comms: list[RankComms], n_ranks: int, steps: int) -> list[AxisO
                     own[a] += iv.length(iv.subtract(u, rc.compute))
                 mine = iv.subtract(iv.subtract(rc.timeline(sel, cols), rc.compute), claimed)
                 part[a] += iv.length(mine)
-                claimed = iv.merge(np.concatenate([claimed[0], mine[0]]), np.concatenate([claimed[1], mine[1]]))
+                claimed = iv.union(claimed, mine)
     out = []
     k = NS / max(n_ranks, 1)
     for a in axes:

@@ -91,8 +91,7 @@ def _compute_parts(rt: RankTrace, w: Window, timeline: str, compute: iv.Interval
     """forward / backward / optimizer interval sets that together make up `compute`."""
     bwd = backward_compute(rt, w, timeline, compute)
     opt = iv.subtract(backward_compute(rt, w, timeline, compute, lambda s: s.startswith(_OPTIMIZER)), bwd)
-    return {"backward": bwd, "optimizer": opt, "forward": iv.subtract(compute, iv.merge(
-        np.concatenate([bwd[0], opt[0]]), np.concatenate([bwd[1], opt[1]])))}
+    return {"backward": bwd, "optimizer": opt, "forward": iv.subtract(compute, iv.union(bwd, opt))}
 
 
 def _comm_parts(rc: RankComms, compute: iv.Intervals) -> dict:
@@ -201,8 +200,7 @@ def _labelled(parts: dict, spans: list[tuple]) -> dict:
         out[(kind, None)] = (starts[~held], ends[~held])
         for k in distinct(j[held]).tolist():
             sel = held & (j == k)
-            out[(kind, labels[k])] = iv.merge(*(np.concatenate(x) for x in zip(out.get((kind, labels[k]), iv.EMPTY),
-                                                                                (starts[sel], ends[sel]))))
+            out[(kind, labels[k])] = iv.union(out.get((kind, labels[k]), iv.EMPTY), (starts[sel], ends[sel]))
     return out
 
 
@@ -225,7 +223,7 @@ def step_row(gi: GanttInput, rc: RankComms, pp: Optional[PPTrace] = None, step: 
         i = int(hits[0])
     compute = rc.compute
     bwd, opt = gi.backward, gi.optimizer
-    fwd = iv.subtract(compute, iv.merge(np.concatenate([bwd[0], opt[0]]), np.concatenate([bwd[1], opt[1]])))
+    fwd = iv.subtract(compute, iv.union(bwd, opt))
     parts = {"backward": bwd, "optimizer": opt, "forward": fwd, **_comm_parts(rc, compute)}
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
     stage = grid.stage(rc.rank) if grid is not None else None

@@ -57,7 +57,7 @@ from ..trace.columns import distinct, median
 from ..trace.commtable import HOST_COMM_RE
 from ..trace.kinds import Kind
 from ..trace.table import EventTable
-from .intervals import Intervals, intersect, length, lengths_in_windows, merge, subtract
+from .intervals import intersect, length, lengths_in_windows, merge, subtract, union
 from .results import HostOps
 from .steps import Window
 
@@ -177,10 +177,6 @@ def _comm_rows(t: EventTable, rows: np.ndarray) -> np.ndarray:
     return rows[t.name_mask(HOST_COMM_RE.match)[rows] | (t.kind[rows] == Kind.COMM)]
 
 
-def _union(a: Intervals, b: Intervals) -> Intervals:
-    return merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
-
-
 def fsdp_waits(t: EventTable, rows: np.ndarray, fsdp: Optional[np.ndarray] = None) -> dict:
     """{thread: (the time FSDP2's spans among `rows` cover on it, where in that time it waits for a
     collective)}, merged intervals; empty without FSDP2's marks. A wait: a collective runs on another
@@ -215,5 +211,5 @@ def _fsdp_time(t: EventTable, rows: np.ndarray, fsdp: np.ndarray) -> dict:
     out = {}
     for th, (cover, waits) in fsdp_waits(t, rows, fsdp).items():
         cm = comm[t.thread[comm] == th]
-        out[th] = (cover, intersect(cover, _union(merge(t.ts_ns[cm], t.end_ns[cm]), waits)))
+        out[th] = (cover, intersect(cover, union((t.ts_ns[cm], t.end_ns[cm]), waits)))
     return out

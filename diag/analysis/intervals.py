@@ -26,6 +26,11 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     return s[idx], np.maximum.reduceat(e, idx)
 
 
+def union(*sets: Intervals) -> Intervals:
+    """Union of interval sets (merged or not), as sorted disjoint intervals."""
+    return merge(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
+
+
 def length(iv: Intervals) -> int:
     return int((iv[1] - iv[0]).sum())
 

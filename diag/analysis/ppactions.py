@@ -145,7 +145,7 @@ def _tokens(t, main: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     b_set = iv.merge(t.ts_ns[bwd], t.end_ns[bwd])
     opt = np.flatnonzero(t.name_mask(lambda s: s.startswith("Optimizer.")) & host)
     gemm = np.flatnonzero(t.name_mask(lambda s: s in _GEMMS) & (t.kind == Kind.CPU_OP) & (t.thread == main))
-    outside = iv.merge(np.concatenate([b_set[0], t.ts_ns[opt]]), np.concatenate([b_set[1], t.end_ns[opt]]))
+    outside = iv.union(b_set, (t.ts_ns[opt], t.end_ns[opt]))
     fwd = gemm[iv.lengths_in_windows(outside, t.ts_ns[gemm], t.ts_ns[gemm] + 1) == 0]
     p2p = np.flatnonzero(t.name_mask(lambda s: s in P2P_OPS) & (t.kind == Kind.CPU_OP))
     at = np.concatenate([t.ts_ns[fwd], b_set[0], t.ts_ns[p2p]])
