@@ -477,7 +477,7 @@ def _schedule(meta: RunFacts) -> dict:
 
 def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Links, compute: list, fixed: float,
                       scaling, traced: float, untraced: float, model_traced: float,
-                      notes: list, opt_scale: float = 1.0) -> tuple[Workload, dict, float, float]:
+                      notes: list) -> tuple[Workload, dict, float, float]:
     """The model moved from the traced step to the untraced steps (_untraced_step). torch.profiler
     pays a host callback at each operator it records, which the run's other steps do not: k seconds
     per recorded operator (HostOps.ops_per_step), fitted so that the model falls by what the traced
@@ -486,7 +486,7 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     (the launch overhead the model holds per kernel, so per micro-batch: where the callbacks between
     operators land), then from the compute that scales with the micro-batch; the operators' fixed
     cost (hostops) is kept. Left in, a change of micro-batches would be priced by the traced steps'
-    gaps. Where the optimizer is held apart (Workload.optimizer_s, `opt_scale` x a stage's), its
+    gaps. Where the optimizer is held apart (Workload.optimizer_s, Config.optimizer_ranks x a stage's), its
     operators' share of what the compute pays (HostOps.optimizer_ops_per_step over ops_per_step)
     comes out of it.
     Returns (workload, stage slowdowns, the model's step, the measured step: the untraced one)."""
@@ -494,7 +494,7 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     opt_ops = float(np.mean(_per_stage(d, pp, lambda r: r.host_ops.optimizer_ops_per_step))) if w.optimizer_s else 0.0
     halves = c.num_micro_batches * HALVES * w.num_layers // pp
     gaps = w.launch_overhead_s * halves                  # per stage per step
-    optimizer = w.optimizer_s / opt_scale                # per stage per step
+    optimizer = w.optimizer_s / c.optimizer_ranks        # per stage per step
 
     def refit(k: float) -> tuple[Workload, dict, float, float, float]:
         cost = k * ops                                   # per stage per step
@@ -502,7 +502,7 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
         from_opt = min((cost - from_gaps) * opt_ops / ops, optimizer) if ops > 0 else 0.0
         fwd, slowdown = scaling([x - (cost - from_gaps - from_opt) for x in compute])
         return (replace(w, fwd_s_per_layer=fwd, launch_overhead_s=(gaps - from_gaps) / halves,
-                        optimizer_s=(optimizer - from_opt) * opt_scale), slowdown,
+                        optimizer_s=(optimizer - from_opt) * c.optimizer_ranks), slowdown,
                 from_gaps, cost - from_gaps - from_opt, from_opt)
 
     def model_at(k: float) -> float:
@@ -557,7 +557,7 @@ def calibrate(d: Diagnosis) -> Calibration:
         fsdp = fsdp_opt = fsdp_fixed = 0.0
     fixed += fsdp_fixed
     # with a pipeline, the optimizer apart, once a step (FSDP2's dispatch in it is in `fixed` already); the
-    # model runs optimizer_s / (tp pp), / dp x cp more under ZeRO (Config.zero over more than one rank)
+    # model runs optimizer_s / Config.optimizer_ranks
     opt = [max(o - (layers // pp) * fsdp_opt, 0.0) for o in _optimizer(d, pp, tap, notes)] if pp > 1 else [0.0] * pp
     if any(opt) and (zero >= FSDP_MIN_ZERO or tp > 1 and any(h.dtensor_per_step_s for h in _host_ops(d))):
         notes.append("the optimizer stays in the layers' compute: it steps DTensors (FSDP2, DTensor TP), whose "
@@ -567,7 +567,6 @@ def calibrate(d: Diagnosis) -> Calibration:
     elif any(fixed + o >= x for x, o in zip(compute, opt)):
         notes.append("the optimizer not held apart: with the fixed cost it exceeds the measured compute of a stage")
         opt = [0.0] * pp
-    opt_scale = tp * pp * (dp * cp if zero and dp * cp > 1 else 1)
 
     def scaling(compute: list) -> tuple[float, dict]:
         """(forward s per layer per micro-batch at TP 1, stage slowdowns) from the stages' compute."""
@@ -597,17 +596,17 @@ def calibrate(d: Diagnosis) -> Calibration:
     grad = _grad_bytes(d, meta, tp * pp, zero, m, notes)
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline
-    w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
-                 cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
-                 optimizer_s=float(np.mean(opt)) * opt_scale,
-                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
-                 fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
-                 weight_share=_weight_share(d, notes if pp > 1 else []))
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **_schedule(meta),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
                bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp)
+    w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
+                 cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
+                 optimizer_s=float(np.mean(opt)) * c.optimizer_ranks,
+                 host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
+                 fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
+                 weight_share=_weight_share(d, notes if pp > 1 else []))
     if cp > 1:
         notes.append(f"CP {cp}: the sequence split {cp} ways, so compute, TP all-reduces and pipeline messages are "
                      f"1/{cp} per rank (causal attention load-balanced, as Megatron-LM and torchtitan split it); each "
@@ -630,7 +629,7 @@ def calibrate(d: Diagnosis) -> Calibration:
         model_now = step_time(w, *two_replicas(c, links), stage_slowdown=slowdown)   # = the full grid's
         if (untraced := _untraced_step(d, step)) is not None:
             w, slowdown, model_now, step = _without_profiler(d, pp, w, c, links, compute, fixed + max(opt),
-                                                             scaling, step, untraced, model_now, notes, opt_scale)
+                                                             scaling, step, untraced, model_now, notes)
     except ModelTooBig as e:
         raise CalibrationError(f"cannot calibrate the step-time model: {e}") from None
     notes.append(f"model {model_now * 1e3:.4g} ms per step for the measured configuration, measured "

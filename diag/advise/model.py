@@ -126,6 +126,12 @@ class Config:
         DATA_PARALLEL_GROUP_WITH_CP, torchtitan's dp_shard_cp / dp_cp)."""
         return self.dp * self.cp
 
+    @property
+    def optimizer_ranks(self) -> int:
+        """The ranks one step's optimizer work (Workload.optimizer_s) is split over: TP x PP, and
+        the gradient ranks too under ZeRO, whose optimizer states are sharded over them."""
+        return self.tp * self.pp * (self.grad_ranks if self.zero and self.grad_ranks > 1 else 1)
+
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "num_micro_batches", "micro_batch_size", "virtual_stages", "cp"):
             v = getattr(self, name)
@@ -245,7 +251,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
-        optimizer_s=w.optimizer_s / (c.tp * c.pp * (n_grad if zero else 1))
+        optimizer_s=w.optimizer_s / c.optimizer_ranks
         + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
         chunks=c.virtual_stages, weight_share=w.weight_share, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
