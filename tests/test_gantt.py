@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from kineto import TraceBuilder
 
 from diag.analysis import diagnose
-from diag.analysis.gantt import KINDS, Segment, coalesce, rank_step
+import diag.analysis.gantt as gantt
+from diag.analysis.gantt import KINDS, NS, Segment, rank_step, step_segments
+from diag.analysis import intervals as iv
 from diag.trace import load_job
 from diag.trace.job import load_rank
 
@@ -16,6 +19,40 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEMM = "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8"
 SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def segments(parts: dict, lo: int, hi: int) -> list[Segment]:
+    """The reference: disjoint interval sets by (kind, label) -> consecutive segments over [lo, hi), gaps as idle."""
+    found = []
+    for (kind, label), s in parts.items():
+        a, b = iv.clip(s, lo, hi)
+        found += [(int(x), int(y), kind, label) for x, y in zip(a, b)]
+    found.sort(key=lambda f: f[:2])
+    out, at = [], lo
+    for x, y, kind, label in found:
+        if x > at:
+            out.append(Segment("idle", (at - lo) * NS, (x - lo) * NS))
+        out.append(Segment(kind, (x - lo) * NS, (y - lo) * NS, label))
+        at = max(at, y)
+    if hi > at:
+        out.append(Segment("idle", (at - lo) * NS, (hi - lo) * NS))
+    return out
+
+
+def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
+    """The reference: idle gaps shorter than min_idle_s between two segments of one kind and label join them (host
+    traces are gaps of microseconds between operators), then neighbours of one kind and label merge.
+    A gap between two actions stays a gap: a label never reaches past its action."""
+    out: list[Segment] = []
+    for i, s in enumerate(segs):
+        short_gap = (s.kind == "idle" and s.end_s - s.start_s < min_idle_s and 0 < i < len(segs) - 1
+                     and (segs[i - 1].kind, segs[i - 1].label) == (segs[i + 1].kind, segs[i + 1].label))
+        kind, label = (segs[i - 1].kind, segs[i - 1].label) if short_gap else (s.kind, s.label)
+        if out and (out[-1].kind, out[-1].label) == (kind, label):
+            out[-1].end_s = s.end_s
+        else:
+            out.append(Segment(kind, s.start_s, s.end_s, label))
+    return out
 
 
 def _spans(row) -> list[tuple[str, float, float]]:
@@ -79,8 +116,32 @@ def test_coalesce_joins_short_gaps_between_one_kind():
     segs = [Segment("forward", 0, 1), Segment("idle", 1, 1.01), Segment("forward", 1.01, 2),
             Segment("idle", 2, 2.5), Segment("backward", 2.5, 3), Segment("idle", 3, 3.01)]
     out = coalesce(segs, min_idle_s=0.05)
-    assert [(s.kind, s.start_s, s.end_s) for s in out] == [("forward", 0, 2), ("idle", 2, 2.5),
-                                                           ("backward", 2.5, 3), ("idle", 3, 3.01)]
+    want = [("forward", 0, 2), ("idle", 2, 2.5), ("backward", 2.5, 3), ("idle", 3, 3.01)]
+    assert [(s.kind, s.start_s, s.end_s) for s in out] == want
+    ns = [(k, round(a * 1e9), round(b * 1e9)) for k, a, b in
+          [("forward", 0, 1), ("forward", 1.01, 2), ("backward", 2.5, 3)]]
+    parts = {(k, None): iv.merge(np.array([a for kk, a, _ in ns if kk == k]), np.array([b for kk, _, b in ns if kk == k]))
+             for k in ("forward", "backward")}
+    got = step_segments(parts, 0, round(3.01e9), min_idle_s=0.05)
+    assert [(s.kind, s.start_s, s.end_s) for s in got] == [(k, pytest.approx(a), pytest.approx(b)) for k, a, b in want]
+
+
+@pytest.mark.parametrize("sample", ["tp2_pp2_dp2", "h100_tp2_pp2_dp2", "pp2_m2", "h100_single"])
+def test_step_segments_are_the_two_loops(sample, monkeypatch):
+    """step_segments (numpy) makes what segments then coalesce make, to the bit, on every row the
+    diagnosis draws of CPU and GPU samples, at the diagnosis's idle threshold and at others."""
+    made, seen = gantt.step_segments, []
+
+    def both(parts, lo, hi, min_idle_s):
+        for m in (min_idle_s, 0.0, 1e-6, 1e-4, 1e-3):
+            got = made(parts, lo, hi, m)
+            assert got == coalesce(segments(parts, lo, hi), m)
+            seen.append(len(got))
+        return made(parts, lo, hi, min_idle_s)
+
+    monkeypatch.setattr(gantt, "step_segments", both)
+    diagnose(load_job(os.path.join(ROOT, "sample_traces", sample)))
+    assert seen and min(seen) > 3
 
 
 def test_sample_pipeline_one_row_per_stage():

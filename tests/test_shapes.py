@@ -153,6 +153,9 @@ def test_traces_without_shapes_give_nothing():
     (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", "aten::_softmax"], "eager"),
     (["aten::baddbmm", "aten::_softmax", "aten::bmm"], "eager"),          # Megatron's unfused core
     (["scaled_upper_triang_masked_softmax_warp_forward", "aten::bmm"], "eager"),
+    (["autograd::engine::evaluate_function: ScaledUpperTriangMaskedSoftmaxBackward"], "eager"),  # any case
+    (["ScaledMaskedSoftmax", "aten::bmm"], "eager"),
+    (["FMHA_fwd_kernel", "aten::mm"], "fused"),
     (["aten::_flash_attention_forward", "aten::_scaled_dot_product_attention_math"], "eager"),   # both: keeps scores
     (["aten::_log_softmax", "aten::mm", "aten::addmm"], None),            # the loss's softmax is not attention
     (["flash_attn/modules/mha.py(120): forward", "aten::mm"], None),       # a Python frame is not an op

@@ -129,38 +129,50 @@ def gantt_input(rt: RankTrace, w: Window, timeline: str, compute: iv.Intervals) 
                       backward=parts.get("backward", iv.EMPTY), optimizer=parts.get("optimizer", iv.EMPTY))
 
 
-def segments(parts: dict, lo: int, hi: int) -> list[Segment]:
-    """Disjoint interval sets by (kind, label) -> consecutive segments over [lo, hi), gaps as idle."""
-    found = []
-    for (kind, label), s in parts.items():
-        a, b = iv.clip(s, lo, hi)
-        found += [(int(x), int(y), kind, label) for x, y in zip(a, b)]
-    found.sort(key=lambda f: f[:2])
-    out, at = [], lo
-    for x, y, kind, label in found:
-        if x > at:
-            out.append(Segment("idle", (at - lo) * NS, (x - lo) * NS))
-        out.append(Segment(kind, (x - lo) * NS, (y - lo) * NS, label))
-        at = max(at, y)
-    if hi > at:
-        out.append(Segment("idle", (at - lo) * NS, (hi - lo) * NS))
-    return out
-
-
-def coalesce(segs: list[Segment], min_idle_s: float) -> list[Segment]:
-    """Idle gaps shorter than min_idle_s between two segments of one kind and label join them (host
-    traces are gaps of microseconds between operators), then neighbours of one kind and label merge.
-    A gap between two actions stays a gap: a label never reaches past its action."""
-    out: list[Segment] = []
-    for i, s in enumerate(segs):
-        short_gap = (s.kind == "idle" and s.end_s - s.start_s < min_idle_s and 0 < i < len(segs) - 1
-                     and (segs[i - 1].kind, segs[i - 1].label) == (segs[i + 1].kind, segs[i + 1].label))
-        kind, label = (segs[i - 1].kind, segs[i - 1].label) if short_gap else (s.kind, s.label)
-        if out and (out[-1].kind, out[-1].label) == (kind, label):
-            out[-1].end_s = s.end_s
-        else:
-            out.append(Segment(kind, s.start_s, s.end_s, label))
-    return out
+def step_segments(parts: dict, lo: int, hi: int, min_idle_s: float) -> list[Segment]:
+    """Disjoint interval sets by (kind, label) -> consecutive segments over [lo, hi), gaps as idle;
+    then an idle gap shorter than min_idle_s between two segments of one kind and label joins them
+    (host traces are gaps of microseconds between operators), and neighbours of one kind and label
+    merge (the first's start, the last's end). A gap between two actions stays a gap: a label never
+    reaches past its action. In numpy: a step has a thousand or so operators' segments, which two
+    loops once turned into records one by one (~4 ms a rank of diagnose on a 10 MB trace, in the
+    serial tail of `diag analyze`); tests/test_gantt.py keeps those loops as the reference."""
+    keys: dict = {("idle", None): 0}
+    xs, ys, ks = [], [], []
+    for key, v in parts.items():
+        a, b = iv.clip(v, lo, hi)
+        xs.append(a)
+        ys.append(b)
+        ks.append(np.full(a.size, keys.setdefault(key, len(keys)), np.int64))
+    x, y, k = (np.concatenate(c).astype(np.int64) if c else np.zeros(0, np.int64) for c in (xs, ys, ks))
+    order = np.lexsort((y, x))                      # stable, as list.sort by (x, y)
+    x, y, k = x[order], y[order], k[order]
+    at = np.maximum.accumulate(np.concatenate([[lo], y]))  # at[i]: where the segments before item i end
+    gap = x > at[:-1]
+    # the sequence: before each item the idle gap it leaves (where it leaves one), then the item; a
+    # last idle up to hi
+    n = x.size + int(gap.sum())
+    start, end, key = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.int64)
+    pos = np.arange(x.size) + np.cumsum(gap)        # each item's place, after its gap
+    start[pos], end[pos], key[pos] = x, y, k
+    gp = pos[gap] - 1
+    start[gp], end[gp] = at[:-1][gap], x[gap]
+    if hi > at[-1]:
+        start, end, key = np.append(start, at[-1]), np.append(end, hi), np.append(key, 0)
+    start_s, end_s = (start - lo) * NS, (end - lo) * NS
+    # coalesce: a short idle gap between two of one kind and label becomes theirs, then runs of
+    # one kind and label merge (the first's start, the last's end)
+    short = (key == 0) & (end_s - start_s < min_idle_s)
+    short[[0, -1] if key.size else []] = False
+    inner = np.flatnonzero(short[1:-1]) + 1
+    take = inner[key[inner - 1] == key[inner + 1]]
+    eff = key.copy()
+    eff[take] = key[take - 1]
+    first = np.flatnonzero(np.concatenate([[True], eff[1:] != eff[:-1]])) if eff.size else eff
+    last = np.append(first[1:] - 1, eff.size - 1) if eff.size else eff
+    names = list(keys)
+    return [Segment(names[c][0], a, b, names[c][1]) for c, a, b in
+            zip(eff[first].tolist(), start_s[first].tolist(), end_s[last].tolist())]
 
 
 def action_spans(pp: Optional[PPTrace], step: int, lo: int, hi: int, schedule: Optional[str]) -> list[tuple]:
@@ -228,7 +240,7 @@ def step_row(gi: GanttInput, rc: RankComms, pp: Optional[PPTrace] = None, step: 
     lo, hi = int(gi.lo_ns[i]), int(gi.hi_ns[i])
     stage = grid.stage(rc.rank) if grid is not None else None
     parts = _labelled({k: iv.clip(v, lo, hi) for k, v in parts.items()}, action_spans(pp, int(gi.number[i]), lo, hi, schedule))
-    segs = coalesce(segments(parts, lo, hi), min_idle_fraction * (hi - lo) * NS)
+    segs = step_segments(parts, lo, hi, min_idle_fraction * (hi - lo) * NS)
     return StageStep(rank=rc.rank, stage=stage, step=int(gi.number[i]), step_s=(hi - lo) * NS, segments=segs,
                      start_us=rc.clock0_us + lo / 1000.0)
 

@@ -35,12 +35,13 @@ MIN_TOKEN_SHARE = 0.5     # of the GEMMs (by count) that must share the token ro
 MIN_HIDDEN_SHARE = 0.75   # of those that must have h on one side: a transformer, not a mix of MLPs
 MIN_SHAPES = 2            # distinct GEMMs behind a value: a block has several, a toy model one
 
-# ops and kernels of attention that keeps only its output and log-sum-exp (no s x s scores)
+# ops and kernels of attention that keeps only its output and log-sum-exp (no s x s scores), in
+# lower case: attention_kind searches the names lowered (~5x faster than re.IGNORECASE on them)
 FUSED_ATTENTION_RE = re.compile(r"flash|_efficient_attention|_scaled_dot_product_(efficient|cudnn|fused)_attention|"
-                                r"fmha|fusedattn|cudnn_attention", re.IGNORECASE)
+                                r"fmha|fusedattn|cudnn_attention")
 # ... and of attention that keeps the scores: SDPA's math fallback, Megatron-LM's unfused core
 EAGER_ATTENTION_RE = re.compile(r"_scaled_dot_product_attention_math|scaled_(upper_triang_)?masked_softmax|"
-                                r"ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax", re.IGNORECASE)
+                                r"scaleduppertriangmaskedsoftmax|scaledmaskedsoftmax")
 
 Gemm = tuple[int, int, int]          # (tokens m, in k, out n)
 GemmsIn = Union[Iterable[tuple[str, tuple]], Mapping[tuple[str, tuple], int]]
@@ -170,7 +171,8 @@ def attention_kind(names: Iterable[str]) -> Optional[str]:
     kinds in one trace is "eager": some layers keep the scores. Megatron's unfused core without
     its fused softmax shows only as baddbmm + softmax, taken as eager when nothing is fused."""
     names = {n for n in names if ".py(" not in n}         # ops and kernels, not Python stack frames
-    fused = any(FUSED_ATTENTION_RE.search(n) for n in names)
-    if any(EAGER_ATTENTION_RE.search(n) for n in names) or (not fused and {"aten::baddbmm", "aten::_softmax"} <= names):
+    text = "\n".join(names).lower()                       # one search; no pattern spans a line
+    fused = FUSED_ATTENTION_RE.search(text) is not None
+    if EAGER_ATTENTION_RE.search(text) or (not fused and {"aten::baddbmm", "aten::_softmax"} <= names):
         return "eager"
     return "fused" if fused else None
