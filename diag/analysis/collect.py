@@ -16,12 +16,10 @@ from dataclasses import field
 from typing import Callable, Optional
 
 from ..trace.errors import TraceError
-from ..trace.discover import find
+from ..trace.discover import SUMMARY_SUFFIX as SUFFIX, find
 from ..trace.job import FileProblem, Job, assemble, each_file, load_rank
 from ..trace.read import file_size
-from . import summary_file
 from .rankpass import KEEP_KERNELS, RankSummary, summarize
-from .summary_file import SUFFIX
 from ..record import record
 
 
@@ -68,6 +66,7 @@ def get(item: Item, top_n: int = 10, use_summaries: bool = True) -> Got:
     notes = []
     try:
         if item.summary and (use_summaries or item.trace is None):
+            from . import summary_file         # only where there are summaries: ~2 ms of imports otherwise
             try:
                 sf = summary_file.read(item.summary)
             except TraceError as e:
@@ -142,6 +141,7 @@ def load_summaries(path: str, strict: bool = False, top_n: int = 10, use_summari
 
 def summarize_file(trace: str, out_dir: Optional[str] = None, top_n: int = KEEP_KERNELS) -> tuple[str, Optional[str]]:
     """Write `trace`'s summary (or the reason it cannot be read); (summary path, problem or None)."""
+    from . import summary_file
     out = summary_file.summary_path(trace, out_dir)
     try:
         sf = summary_file.make(trace, _from_trace(trace, top_n))

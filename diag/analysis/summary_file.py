@@ -20,13 +20,14 @@ from typing import Any, Optional
 import msgspec
 import numpy as np
 
+from ..trace.discover import SUMMARY_SUFFIX
 from ..trace.safeio import atomic_write, open_regular, read_regular
 from ..trace.errors import TraceError
 from .rankpass import RankSummary
 from .summary_check import check_values
 from ..record import record
 
-SUFFIX = ".diagsum"
+SUFFIX = SUMMARY_SUFFIX     # one place: trace.discover, which tells summaries from traces
 FORMAT = "diag-rank-summary"
 VERSION = 13         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
                      # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops;

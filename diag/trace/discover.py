@@ -32,7 +32,7 @@ from ..record import record
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".trace.gz")
 NOT_TRACES = {"diag_run.json", "hta_reference.json", "diag_bench.json"}
-SUMMARY_SUFFIX = ".diagsum"           # analysis.summary_file.SUFFIX: a rank's summary, not a trace
+SUMMARY_SUFFIX = ".diagsum"           # a rank's summary (analysis.summary_file), not a trace
 MAX_DEPTH = 4                         # root/runs/<run>/profile_traces/iteration_<N> is 4 deep
 MAX_FOLDERS = 5000
 SKIP_FOLDERS = {"node_modules", "__pycache__", "site-packages"}
