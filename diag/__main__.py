@@ -1,4 +1,4 @@
 """`python -m diag ...`: the same as the `diag` command."""
-from .cli import run
+from .entry import run
 
 run()

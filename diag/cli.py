@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import click
 
+from .entry import one_blas_thread, run  # noqa: F401 (run: the console script of installs before diag.entry)
 from .report import FORMATS
 from .runinputs import RunInputs, open_run, open_run_job, run_options
 from .trace.errors import TraceError
@@ -86,41 +87,6 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-def one_blas_thread() -> None:
-    """numpy loaded, when it is, with OpenBLAS held to one thread. diag multiplies no matrices,
-    but OpenBLAS starts a thread per core as numpy loads it, and they spin for a while: on two
-    cores ~0.05 CPU s of a 0.2 s `diag analyze`, beside the thread that reads the trace ahead
-    (more threads, each spinning, on a bigger machine). OpenBLAS reads OPENBLAS_NUM_THREADS once,
-    when it is loaded, so the variable is set for numpy's import alone: no process diag starts
-    (the trainer under `diag tune`, whose torch may use OpenBLAS) inherits it. A variable the user
-    set, or a numpy already imported, is left as it is."""
-    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
-        return
-    from importlib.machinery import PathFinder
-
-    class NumpyFinder:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name != "numpy":
-                return None
-            sys.meta_path.remove(NumpyFinder)           # once, and never for numpy's own submodules
-            spec = PathFinder.find_spec(name, path)
-            if spec is not None and hasattr(spec.loader, "exec_module"):
-                load = spec.loader.exec_module
-
-                def exec_module(module):
-                    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-                    try:
-                        load(module)
-                    finally:
-                        os.environ.pop("OPENBLAS_NUM_THREADS", None)
-
-                spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, NumpyFinder)
-
-
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="diag")
 def main() -> None:
@@ -175,31 +141,6 @@ def analyze(path: str, fmt: str, output: str | None, force: bool, timeline: str 
     if timeline:
         timeline_or_exit(timeline, diagnosis, job)
     emit(draw(diagnosis), output)
-
-
-def run() -> None:
-    """The `diag` command (and `python -m diag`): main, then the process ends without the
-    interpreter's teardown, as mypy's hard_exit does. The exit functions run and the standard
-    streams are flushed as at a normal exit; what is skipped is freeing every object and module
-    one by one (~0.02 s after a 0.35 s `diag analyze` of a 50 MB trace). An exception other than
-    an exit leaves the usual way, with its traceback. Tests call main, which returns."""
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)       # as the interpreter prints sys.exit("message")
-        code = 1
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):      # a closed pipe: Python exits 120 when it cannot flush
-            code = code or 120
-    os._exit(code)
 
 
 def run_files(path: str, inputs: Optional[RunInputs] = None) -> list[str]:

@@ -143,7 +143,7 @@ def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
     first the loader reads, is read ahead the same way where its files are loaded in this process
     (not where they go to worker processes, which must not inherit a read in flight)."""
     from .trace import prefetch
-    from .trace.discover import SUMMARY_SUFFIX, find
+    from .trace.discover import find
     from .trace.errors import TraceError
     from .trace.read import file_size, in_one_process
 
@@ -156,12 +156,9 @@ def prefetch_trace(path: str, inputs: RunInputs = RunInputs()) -> None:
         if not ranks or ranks[0][0] is None or not in_one_process([file_size(t) if t else 0 for t, _ in ranks]):
             return
         path, summary = ranks[0]
-        summary_there = summary is not None
-    else:
-        summary_there = os.path.exists(path + SUMMARY_SUFFIX)
-    if not (inputs.use_summaries and summary_there):
-        prefetch.start(path)
-        prefetch.decode_ahead(path)
+        if inputs.use_summaries and summary is not None:
+            return
+    prefetch.single(path, inputs.use_summaries)
 
 
 def open_run_job(path: str, inputs: RunInputs = RunInputs(), progress: Optional[Callable] = None):

@@ -133,13 +133,13 @@ def test_output_to_dev_null_or_a_fifo_is_written_in_place(tmp_path, dev_null_kep
 
 
 def test_the_command_ends_as_an_exit_would_without_the_teardown(tmp_path):
-    """cli.run (the `diag` command): the exit functions run, stdout is flushed whole into a pipe,
+    """entry.run (the `diag` command): the exit functions run, stdout is flushed whole into a pipe,
     the exit code is kept, and nothing after it runs (the process ends there)."""
     trace = os.path.join(DATA, "dlrm_2_ranks_alltoall")
     marker = tmp_path / "atexit"
 
     def run(*args):
-        code = ("import atexit, sys\nfrom diag.cli import run\n"
+        code = ("import atexit, sys\nfrom diag.entry import run\n"
                 f"atexit.register(lambda: open({str(marker)!r}, 'a').write('ran;'))\n"
                 f"sys.argv = ['diag', *{list(args)!r}]\nrun()\nprint('after run')\n")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

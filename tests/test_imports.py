@@ -92,6 +92,58 @@ def test_analyze_imports_the_recommender_and_renderer_before_decoding(tmp_path):
         assert {"diag.advise.recommend", renderer} <= set(got["decode"])
 
 
+COMMAND = r"""
+import json, os, runpy, sys
+target = os.path.abspath(sys.argv[1])
+sys.argv = ["diag", *sys.argv[2:]]
+
+def hook(event, a):
+    if event == "open" and isinstance(a[0], str) and os.path.abspath(a[0]) == target:
+        if not getattr(hook, "done", False):
+            hook.done = True
+            os.write(2, ("FIRST_OPEN " + json.dumps(sorted(sys.modules)) + "\n").encode())
+
+sys.addaudithook(hook)
+os.register_at_fork(after_in_child=lambda: os.write(2, f"WORKER {os.getpid()}\n".encode()))
+runpy.run_module("diag", run_name="__main__")     # `python -m diag`: entry.run, which ends the process
+"""
+
+
+def command(*args: str, target: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", COMMAND, target, *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **env}, timeout=120)
+
+
+def first_open(p: subprocess.CompletedProcess) -> list:
+    line = [x for x in p.stderr.splitlines() if x.startswith("FIRST_OPEN ")]
+    assert line, p.stderr
+    return json.loads(line[0][len("FIRST_OPEN "):])
+
+
+def test_the_command_reads_the_file_before_parsing_its_command_line(tmp_path):
+    """`diag analyze FILE ...` (entry.read_ahead): FILE is opened, and numpy and the decoder are
+    loaded to decode it in forked workers, before click or the analysis is imported; the report is
+    the one main makes. With an option before FILE nothing is guessed: click parses first. A command
+    line click refuses still fails as it did, naming the option."""
+    out = tmp_path / "d.json"
+    p = command("analyze", TRACE, "--format", "json", "-o", str(out), target=TRACE)
+    assert p.returncode == 0, p.stderr
+    early = first_open(p)
+    assert loaded(early, ("click", "diag.cli", "diag.runinputs", "diag.analysis", "diag.advise")) == []
+    assert json.loads(out.read_text()) == json.loads(command("analyze", "--format", "json", TRACE,
+                                                              target=TRACE).stdout)
+    p = command("analyze", "--format", "json", TRACE, "-o", str(tmp_path / "e.json"), target=TRACE)
+    assert p.returncode == 0 and "click" in first_open(p)
+    p = command("analyze", TRACE, "--no-such-option", target=TRACE, DIAG_WORKERS="2")   # a worker even when busy
+    assert p.returncode == 2 and "--no-such-option" in p.stderr
+    assert "click" not in first_open(p)          # read ahead, then refused
+    workers = [int(x.split()[1]) for x in p.stderr.splitlines() if x.startswith("WORKER ")]
+    assert workers
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):  # the workers it forked were ended and reaped
+            os.kill(pid, 0)
+
+
 def test_lazy_help_is_each_commands_own():
     from diag.cli import LAZY_COMMANDS, LAZY_HELP, main
 
@@ -118,7 +170,7 @@ def test_analysis_never_imports_numpy_ma(tmp_path, monkeypatch):
 
 BLAS = r"""
 import json, os, sys
-from diag.cli import one_blas_thread
+from diag.entry import one_blas_thread
 if sys.argv[1] == "diag":
     one_blas_thread()
 import numpy

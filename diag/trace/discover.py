@@ -17,7 +17,6 @@ why: among torchtitan's `iteration_<N>` folders of one run the latest complete o
 """
 from __future__ import annotations
 
-import gzip
 import os
 import re
 from collections import deque
@@ -25,7 +24,6 @@ from dataclasses import field
 from typing import Optional
 
 from .errors import TraceError
-from .flightrec import is_dump      # Flight Recorder dumps (JSON) beside the traces are no traces
 from .read import GZIP_MAGIC
 from .safeio import open_regular
 from ..record import record
@@ -104,9 +102,17 @@ def trace_files(directory: str) -> list[str]:
         p = os.path.join(directory, n)
         if not n.endswith(TRACE_SUFFIXES) or n in NOT_TRACES or os.path.isdir(p) or not os.path.exists(p):
             continue
-        if not os.path.isfile(p) or not is_dump(p):
+        if not os.path.isfile(p) or not _is_dump(p):
             out.append(p)
     return out
+
+
+def _is_dump(path: str) -> bool:
+    """A Flight Recorder dump (JSON) beside the traces: no trace. Imported here, not with this module,
+    which `diag analyze FILE` imports before its reading starts (entry.read_ahead)."""
+    from .flightrec import is_dump
+
+    return is_dump(path)
 
 
 def summary_files(directory: str) -> list[str]:
@@ -190,6 +196,8 @@ def _head(path: str, size: int = PEEK_BYTES) -> Optional[bytes]:
             if raw[:2] != GZIP_MAGIC:
                 return raw
             f.seek(0)
+            import gzip
+
             with gzip.GzipFile(fileobj=f, mode="rb") as g:
                 return g.read(size)
     except (OSError, EOFError, ValueError, TraceError):

@@ -41,6 +41,16 @@ def start(path: str) -> None:
     ahead.start()
 
 
+def single(path: str, use_summaries: bool = True) -> None:
+    """Read one trace file ahead (start) and decode its events ahead (decode_ahead), unless its
+    summary (`diag summarize`) is what will be read."""
+    from .discover import SUMMARY_SUFFIX
+
+    if not (use_summaries and os.path.exists(path + SUMMARY_SUFFIX)):
+        start(path)
+        decode_ahead(path)
+
+
 def take(path: str) -> tuple[bool, Any]:
     """(True, bytes) when path was read ahead (waiting for the thread to finish), else (False,
     None). Raises what the read raised. Each read-ahead is taken once."""
