@@ -70,6 +70,9 @@ def run() -> None:
     other than an exit leaves the usual way, with its traceback. Tests call cli.main, which
     returns."""
     one_blas_thread()
+    from .trace import prefetch
+
+    prefetch.KEEP_TO_EXIT = True          # the process ends with os._exit below: nothing need be freed
     read_ahead(sys.argv)
     from .cli import main
 

@@ -150,6 +150,21 @@ def test_decoded_ahead_equals_whole(monkeypatch):
     assert chunks._AHEAD == [] and spread.workers == [] and closed == [False]   # its results taken
 
 
+@pytest.mark.parametrize("to_exit", [True, False])
+def test_bytes_read_ahead_are_kept_only_in_a_process_that_ends_without_teardown(monkeypatch, to_exit):
+    """entry.run (which ends with os._exit) keeps the bytes read ahead to the end rather than free
+    them after the load; any other process (the dashboard, these tests) lets them go."""
+    from diag.trace import prefetch
+    from diag.trace.read import read_bytes
+
+    monkeypatch.setattr(prefetch, "KEEP_TO_EXIT", to_exit)
+    monkeypatch.setattr(prefetch, "KEPT", [])
+    prefetch.start(NCCL)
+    data = read_bytes(NCCL)
+    assert len(data) == 9778890 and NCCL not in prefetch._AHEAD
+    assert [len(x) for x in prefetch.KEPT] == ([len(data)] if to_exit else [])
+
+
 def test_decoded_ahead_for_other_bytes_is_ended(monkeypatch, tmp_path):
     """Bytes decoded ahead that the loader does not decode (here: another file) are let go: the
     workers killed and reaped, the file loaded as if nothing had been started."""
