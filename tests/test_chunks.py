@@ -152,8 +152,9 @@ def test_decoded_ahead_equals_whole(monkeypatch):
 
 @pytest.mark.parametrize("to_exit", [True, False])
 def test_bytes_read_ahead_are_kept_only_in_a_process_that_ends_without_teardown(monkeypatch, to_exit):
-    """entry.run (which ends with os._exit) keeps the bytes read ahead to the end rather than free
-    them after the load; any other process (the dashboard, these tests) lets them go."""
+    """`diag analyze FILE` (entry.read_ahead; the process ends with os._exit) keeps the bytes read
+    ahead to the end rather than free them after the load; any other process (the dashboard,
+    `diag tune`, these tests) lets them go."""
     from diag.trace import prefetch
     from diag.trace.read import read_bytes
 

@@ -14,10 +14,10 @@ import threading
 from typing import Any, Callable, Optional
 
 _AHEAD: dict[str, "_Ahead"] = {}
-# Set by a process that ends without the interpreter's teardown (entry.run): the bytes read ahead
-# are then kept to the end instead of being freed after the load (~3 ms to give back the pages of
-# a 50 MB trace, on the one core the analysis has left). Only in such a process: one that goes on
-# (the dashboard, the tests) frees them.
+# Set by `diag analyze FILE` (entry.read_ahead), a one-shot process that ends without the
+# interpreter's teardown: the bytes read ahead are then kept to the end instead of being freed
+# after the load (~3 ms to give back the pages of a 50 MB trace, on the one core the analysis has
+# left). Any other process (the dashboard, `diag tune`, the tests) frees them.
 KEPT: list = []
 KEEP_TO_EXIT = False
 
