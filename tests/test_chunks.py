@@ -150,6 +150,26 @@ def test_decoded_ahead_equals_whole(monkeypatch):
     assert chunks._AHEAD == [] and spread.workers == [] and closed == [False]   # its results taken
 
 
+@pytest.mark.parametrize("loadavg,idle", [
+    ("9.00 9.00 9.00 1/80 4242\n", True),     # busy a minute ago, only this process runnable now
+    ("0.10 0.10 0.10 3/80 4242\n", False),    # two others runnable now on the two cores
+    ("0.10 0.10 0.10 2/80 4242\n", True),     # one other: a core left
+    (None, True),                              # no such file: the one-minute average (patched 0.5)
+    ("garbage\n", True),
+])
+def test_a_worker_is_forked_ahead_where_a_core_is_idle_now(monkeypatch, tmp_path, loadavg, idle):
+    """decode_ahead forks its worker where the tasks runnable at this instant leave a core free,
+    not by the one-minute load average, which stays high for a minute after a job has ended."""
+    monkeypatch.delenv("DIAG_WORKERS", raising=False)
+    monkeypatch.setattr(chunks, "workers", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    path = tmp_path / "loadavg"
+    if loadavg is not None:
+        path.write_text(loadavg)
+    monkeypatch.setattr(chunks, "LOADAVG", str(path))
+    assert chunks._idle_core() is idle
+
+
 @pytest.mark.parametrize("to_exit", [True, False])
 def test_bytes_read_ahead_are_kept_only_in_a_process_that_ends_without_teardown(monkeypatch, to_exit):
     """`diag analyze FILE` (entry.read_ahead; the process ends with os._exit) keeps the bytes read
