@@ -23,8 +23,14 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from dataclasses import replace  # noqa: E402
+
+from diag.advise.calibrate import calibrate  # noqa: E402
+from diag.advise import memory as mem  # noqa: E402
 from diag.advise.memory import human  # noqa: E402
-from diag.advise.tune import measured_steps, tune  # noqa: E402
+from diag.advise.propose import ev, rerun_command  # noqa: E402
+from diag.advise.results import Recommendation  # noqa: E402
+from diag.advise.tune import TuneResult, confirm, measured_steps, tune  # noqa: E402
 
 SMALL = "--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --vocab-size 256 --train-iters 14"
 # lever (rule) -> trainer flags of a job whose diagnosis trips it
@@ -44,6 +50,11 @@ CASES = {
     "zero_down": "--nproc 2 --micro-batch-size 4 --global-batch-size 16 --data-parallel-sharding-strategy "
                  "optim_grads_params",
 }
+# A lever the recommender may decline on this host, priced all the same: its change is run and the
+# model's price checked against it. dp_overlap: two ranks of one thread take this machine's two cores,
+# where gloo's threads would reduce on the compute's cores, so the model hides none of the overlapped
+# all-reduce (calibrate.shared_cores) and the rule says "not proposed" with its +0.0%.
+DECLINED = {"dp_overlap": ({"--overlap-grad-reduce": ""}, {"overlap_grad_reduce": True}, {})}
 # Levers that need a device capacity to fire (on CPU there is none to read): GiB passed to diag tune.
 MEMORY_GIB = {"recompute": 1.0, "zero_down": 1.0}
 
@@ -80,6 +91,8 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
                    memory_per_gpu=gib * (1 << 30) if gib else None)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
         return [rule, "-", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
+    if res.after is None and rule in DECLINED:
+        res = declined(res, rule, os.path.join(out, rule), repeats)
     if res.after is None:
         return [rule, "-", "-", "-", "-", "-", "-", "-", res.message]
     steps = measured_steps(res.before.out, res.before.diagnosis.run)
@@ -88,9 +101,33 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     if res.applied.memory_after_bytes and res.memory_after:
         mem_err = res.applied.memory_after_bytes / res.memory_after - 1
     step_err = res.error                         # |predicted - measured| / |measured| change (goal: 25%)
-    return [rule, _pct(res.predicted_change), _pct(res.measured_change), _pct(noise),
-            "-" if step_err is None else f"{100 * step_err:.0f}%",
+    if res.applied.rule in DECLINED and res.applied.flags == DECLINED[res.applied.rule][0] \
+            and res.predicted_change is not None and res.measured_change is not None:
+        # a change priced at ~0: a relative error means nothing; the points apart, against the noise
+        apart = abs(res.predicted_change - res.measured_change)
+        error = f"{100 * apart:.1f} pts" + (f" ({'within' if apart <= noise else 'outside'} the noise)" if noise else "")
+    else:
+        error = "-" if step_err is None else f"{100 * step_err:.0f}%"
+    return [rule, _pct(res.predicted_change), _pct(res.measured_change), _pct(noise), error,
             _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
+
+
+def declined(res: TuneResult, rule: str, out: str, repeats: int) -> TuneResult:
+    """The change of a lever its rule declined (DECLINED), priced by the model calibrated on the
+    first run, run and compared as an applied recommendation is."""
+    flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
+    d = res.before.diagnosis
+    cal = calibrate(d)
+    after = cal.predict(replace(cal.config, **change))
+    why = next((n for n in res.message.split("; ") if n.startswith("not proposed")), "not proposed")
+    rec = Recommendation(rule=rule, title=f"{' '.join(flags)} all the same ({why})",
+                         evidence=[ev("predicted step change", 100 * (after / cal.measured_step_s - 1), 0, "%")],
+                         flags=dict(flags), command=rerun_command(d.run.command, flags, rule),
+                         step_s_before=cal.measured_step_s, step_s_after=after)
+    memory, config, _, _ = mem.of_diagnosis(d)
+    if memory is not None:                       # the change moves no memory the model holds
+        rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
+    return confirm(res.before, rec, out, repeats=repeats)
 
 
 def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Namespace, list[str]]:

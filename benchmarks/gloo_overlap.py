@@ -7,7 +7,9 @@ one after the other ("serial"), and the all-reduce started async before the comp
 after it ("overlap"). Medians of rank 0 over the rounds, the first 4 left out. A GPU (NCCL on its
 own stream) hides the all-reduce up to the compute's length; on a CPU the gloo threads that run it
 need the cores the compute uses. The step-time model hides all of an overlapped DP all-reduce
-(docs/model.md), so on a CPU timeline the dp_overlap recommendation says so and is low confidence
+(docs/model.md) where a core is idle; where the run says its ranks take every core (facts.host_cpus,
+ranks_per_host, threads_per_rank) it hides none and the dp_overlap rule declines, and where that is
+unknown the recommendation says so and is low confidence
 (diag/advise/rules.py, benchmarks/README.md).
 
     python benchmarks/gloo_overlap.py [--mb 4 16] [--rounds 24] [--port 29517]

@@ -35,7 +35,11 @@ SHAPE_FLAGS = (("global_batch_size", "Sequences per step (for tokens/s, MFU)."),
                ("num_query_groups", "Key/value heads (grouped-query attention)."),
                ("vocab_size", "Vocabulary size (for model FLOPs)."),
                ("num_micro_batches", "Micro-batches per step (for the ideal bubble)."),
-               ("virtual_pipeline_stages", "Model chunks per pipeline rank (interleaved schedules)."))
+               ("virtual_pipeline_stages", "Model chunks per pipeline rank (interleaved schedules)."),
+               ("host_cpus", "CPU cores a host gives its ranks (CPU runs; with --ranks-per-host and "
+                             "--threads-per-rank: whether gloo's threads have a core of their own)."),
+               ("ranks_per_host", "Ranks on one host (CPU runs)."),
+               ("threads_per_rank", "torch's intra-op threads per rank (CPU runs)."))
 
 
 @record(frozen=True)

@@ -85,6 +85,10 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     device: Optional[Name] = None
     device_name: Optional[Name] = None
     peak_flops: Optional[Annotated[float, msgspec.Meta(ge=0, le=1e20)]] = None
+    # the host's cores and who shares them (CPU runs: whether gloo's threads have a core of their own)
+    host_cpus: Optional[Size] = None            # cores a rank may run on (its CPU affinity)
+    ranks_per_host: Optional[Size] = None       # ranks on one host (LOCAL_WORLD_SIZE)
+    threads_per_rank: Optional[Size] = None     # torch's intra-op threads per rank
     # schedule and levers
     pipeline_schedule: Optional[Name] = None
     virtual_pipeline_stages: Optional[Size] = None

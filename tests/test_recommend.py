@@ -6,6 +6,7 @@ predict the step time the model itself gives for the recommended configuration (
 here, since the job *is* the model). Hand-worked numbers are in each test's docstring.
 """
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -72,6 +73,63 @@ def test_dp_overlap_on_a_cpu_timeline_is_low_confidence_and_says_why():
     rec = next(r for r in d.recommendations if r.rule == "dp_overlap")
     assert rec.confidence == "low" and rec.flags == {"--overlap-grad-reduce": ""}
     assert any("gloo's threads run the overlapped all-reduce" in a for a in rec.assumptions), rec.assumptions
+
+
+HOST = {"host_cpus": 2, "ranks_per_host": 2, "threads_per_rank": 1}
+
+
+def test_dp_overlap_on_a_host_whose_cores_the_ranks_take_is_priced_at_nothing_and_said():
+    """The same trace with the run's host facts: 2 ranks x 1 thread on 2 cores, so gloo's threads would
+    reduce on the compute's cores (calibrate.shared_cores). The model hides none of the overlapped
+    all-reduce: its price of --overlap-grad-reduce is the measured step exactly (predict = measured +
+    model(new) - model(now), and model(new) = model(now)), so the rule proposes nothing and says why."""
+    d = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap"), shape=HOST))
+    assert (d.facts.host_cpus, d.facts.ranks_per_host, d.facts.threads_per_rank) == (2, 2, 1)
+    cal = calibrate(d)
+    assert cal.workload.shared_cores
+    assert cal.predict(replace(cal.config, overlap_grad_reduce=True)) == cal.measured_step_s
+    assert not any(r.rule == "dp_overlap" for r in d.recommendations)
+    notes = d.advice_basis.calibration
+    assert any(n.startswith("2 ranks x 1 thread take the host's 2 cores") for n in notes), notes
+    assert "not proposed: overlap the DP gradient all-reduce with backward (+0.0% predicted): 2 ranks x 1 thread " \
+           "take the host's 2 cores" in "\n".join(notes), notes
+
+
+def test_dp_overlap_on_a_host_with_idle_cores_is_proposed_without_the_caveat():
+    """8 cores for 2 single-thread ranks: gloo's threads have cores of their own, so the model's hiding
+    stands: the same price as where the host is unknown, proposed, and without the unknown-host caveat."""
+    spare = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap"), shape={**HOST, "host_cpus": 8}))
+    unknown = with_advice(diagnose(load_job("sample_traces/dp2_no_overlap")))
+    rec = next(r for r in spare.recommendations if r.rule == "dp_overlap")
+    was = next(r for r in unknown.recommendations if r.rule == "dp_overlap")
+    assert rec.step_s_after == was.step_s_after and rec.step_s_after < rec.step_s_before
+    assert not any("gloo's threads" in a for a in rec.assumptions), rec.assumptions
+    assert not calibrate(spare).workload.shared_cores
+
+
+def test_shared_cores_price_an_overlapped_dp_reduction_as_a_serial_one():
+    """The job of test_exposed_dp_recommends_overlap_priced_by_the_model by hand: 8 layers x 4
+    micro-batches x (2 + 4) ms = 192 ms of compute, then 8 buckets of 2e8 B at 25 GB/s busbw
+    (2e8 x 2(1/2) / 25e9 = 8 ms each): 256 ms. Overlapped on shared cores: the same 256 ms; overlapped
+    with a core to spare, less (the buckets behind the last micro-batch's backward)."""
+    w = Workload(num_layers=8, fwd_s_per_layer=2 * MS, grad_bytes=1.6e9)
+    serial, overlap = Config(dp=2, num_micro_batches=4, bucket_bytes=1e8), \
+        Config(dp=2, num_micro_batches=4, bucket_bytes=1e8, overlap_grad_reduce=True)
+    links = Links(dp=25e9)
+    assert step_time(w, serial, links) == pytest.approx(256 * MS, rel=1e-9)
+    assert step_time(replace(w, shared_cores=True), overlap, links) == pytest.approx(256 * MS, rel=1e-9)
+    assert step_time(w, overlap, links) < 250 * MS
+
+
+def test_the_analyze_command_takes_the_host_facts(tmp_path):
+    """--host-cpus, --ranks-per-host and --threads-per-rank reach the run's facts and the advice."""
+    out = tmp_path / "d.json"
+    r = CliRunner().invoke(main, ["analyze", "sample_traces/dp2_no_overlap", "--format", "json", "-o", str(out),
+                                  "--host-cpus", "2", "--ranks-per-host", "2", "--threads-per-rank", "1"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert {k: d["facts"][k] for k in HOST} == HOST
+    assert any(n.startswith("not proposed: overlap the DP gradient all-reduce") for n in d["advice_basis"]["calibration"])
 
 
 def test_imbalanced_stages_recommend_moving_layers(tmp_path):

@@ -524,6 +524,19 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     return w2, slowdown, model, untraced
 
 
+def shared_cores(d: Diagnosis) -> Optional[bool]:
+    """Whether the ranks' compute threads take every core of their host, so that gloo's threads, which
+    run the collectives, share the compute's cores (a host timeline; facts.host_cpus, ranks_per_host and
+    threads_per_rank, from diag_run.json, --config or the flags): True or False where the facts say,
+    None where a fact is missing (a GPU timeline: False, NCCL runs on the device)."""
+    if not d.host_timeline:
+        return False
+    f = d.facts
+    if not (f.host_cpus and f.ranks_per_host and f.threads_per_rank):
+        return None
+    return f.ranks_per_host * f.threads_per_rank >= f.host_cpus
+
+
 def calibrate(d: Diagnosis) -> Calibration:
     meta = d.facts
     tp, pp, cp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1)), int(meta.cp or 1)
@@ -606,7 +619,12 @@ def calibrate(d: Diagnosis) -> Calibration:
                  optimizer_s=float(np.mean(opt)) * c.optimizer_ranks,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
-                 weight_share=_weight_share(d, notes if pp > 1 else []))
+                 weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)))
+    if w.shared_cores and c.grad_ranks > 1:
+        notes.append(f"{meta.ranks_per_host} ranks x {meta.threads_per_rank} thread{'s' * (meta.threads_per_rank > 1)} "
+                     f"take the host's {meta.host_cpus} core{'s' * (meta.host_cpus > 1)} (the run's facts): gloo's "
+                     "threads run the collectives on the compute's cores, so a DP reduction overlapped with "
+                     "backward is priced as if it were not (no idle core to hide it on)")
     if cp > 1:
         notes.append(f"CP {cp}: the sequence split {cp} ways, so compute, TP all-reduces and pipeline messages are "
                      f"1/{cp} per rank (causal attention load-balanced, as Megatron-LM and torchtitan split it); each "

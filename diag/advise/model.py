@@ -85,6 +85,10 @@ class Workload:
                                     # gloo runs the collective in the call), so no prefetch hides them
     weight_share: float = WEIGHT_SHARE  # the weight gradients' share of a layer's backward: what the zero-
                                         # bubble schedule's W pass defers (analysis.backward measures it)
+    shared_cores: bool = False      # the ranks' compute threads take every core of their host and gloo runs
+                                    # the collectives on those cores (a CPU run, diag_run.json's host facts):
+                                    # a DP reduction overlapped with backward takes its time from the compute,
+                                    # so the model hides none of it (docs/model.md)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -252,7 +256,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
         optimizer_s=w.optimizer_s / c.optimizer_ranks
-        + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0), overlap_dp=c.overlap_grad_reduce, tp=c.tp,
+        + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0), overlap_dp=c.overlap_grad_reduce and not w.shared_cores, tp=c.tp,
         chunks=c.virtual_stages, weight_share=w.weight_share, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,

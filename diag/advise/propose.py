@@ -60,6 +60,7 @@ class Context:
     mem_config: Optional[mem.MemoryConfig] = None    # the measured run's
     capacity: Optional[float] = None                 # bytes per device; None: unknown
     dropped: list = field(default_factory=list)      # changes that do not fit, in words
+    declined: list = field(default_factory=list)     # changes a rule priced and did not propose, and why
     memory_unknown: str = "peak memory not modelled"  # why, when memory is None
 
     def _memory(self, rec: Recommendation, config: Optional[Config], workload, changes: dict) -> bool:

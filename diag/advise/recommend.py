@@ -13,6 +13,8 @@ from .propose import Context
 from .results import Advice, Basis, Recommendation
 from .rules import RULES
 
+DECLINED = "not proposed: "    # the note of a change a rule priced and did not propose (tune.py reads it)
+
 
 def _saved(r: Recommendation) -> float:
     if r.step_s_before is None or r.step_s_after is None:
@@ -38,6 +40,7 @@ def advise(d: Diagnosis) -> Advice:
         recs += rule(ctx)
     recs.sort(key=_saved, reverse=True)
     notes += [f"dropped, does not fit: {x}" for x in ctx.dropped]
+    notes += [DECLINED + x for x in ctx.declined]
     nothing = None
     if not recs:
         nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "

@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
-from .calibrate import with_micro_batch
+from .calibrate import shared_cores, with_micro_batch
 from .memory import zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
@@ -109,13 +109,15 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
 
 def _host_overlap_caveat(ctx: Context) -> Optional[str]:
     """On a host (CPU) timeline gloo runs an overlapped all-reduce on threads of its own, which need a
-    core the backward may be using: what the overlap then hides is less than the model's all and is
-    not in a trace without it (measured: benchmarks/README.md): said, and the confidence low."""
-    if not ctx.d.host_timeline:
+    core the backward may be using. Where the run's facts say the ranks leave a core idle the model's
+    hiding stands; where they say the ranks take every core the model hides none (calibrate.shared_cores,
+    and the rule declines); where they do not say, it is said, and the confidence low."""
+    if shared_cores(ctx.d) is not None:
         return None
-    return ("on a CPU timeline gloo's threads run the overlapped all-reduce on the cores the backward uses: the model "
-            "hides all of it, a 2-rank micro-benchmark hid 40-75% (benchmarks/gloo_overlap.py), and the trainer's "
-            "jobs on 2 cores measured +1..+5% against -5..-8% predicted (benchmarks/README.md)")
+    return ("on a CPU timeline gloo's threads run the overlapped all-reduce on a core of the host: the model hides all "
+            "of it, as where a core is idle; whether one is is unknown (the host's cores, ranks per host and threads "
+            "per rank: diag_run.json, or --host-cpus, --ranks-per-host, --threads-per-rank). With every core taken, "
+            "the trainer's 2-rank jobs on 2 cores measured -3..+5% against -5..-8% predicted (benchmarks/README.md)")
 
 
 def interleave(ctx: Context, e: list) -> list[Recommendation]:
@@ -199,6 +201,14 @@ def dp_overlap(ctx: Context) -> list[Recommendation]:
     e = [ev("exposed DP communication", a.exposed_per_step_s * 1e3, DP_EXPOSED_MIN * ctx.step_s * 1e3, "ms/step",
             "Communication by parallel axis")]
     if not c.overlap_grad_reduce:
+        if ctx.cal.workload.shared_cores:
+            after = ctx.cal.predict(replace(c, overlap_grad_reduce=True))
+            f = ctx.d.facts
+            ctx.declined.append(f"overlap the DP gradient all-reduce with backward ({100 * (after / ctx.step_s - 1):+.1f}% "
+                                f"predicted): {f.ranks_per_host} ranks x {f.threads_per_rank} thread{'s' * (f.threads_per_rank > 1)} take the host's "
+                                f"{f.host_cpus} cores, and gloo's threads would reduce on them; a host with an idle "
+                                "core per rank, or fewer threads per rank, would let it hide")
+            return []
         host = _host_overlap_caveat(ctx)
         return ctx.best("dp_overlap", [(replace(c, overlap_grad_reduce=True), None, {"--overlap-grad-reduce": ""})],
                         e, lambda k: "overlap the DP gradient all-reduce with backward",

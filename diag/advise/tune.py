@@ -25,7 +25,7 @@ from ..analysis import diagnose
 from ..analysis.collect import load_summaries
 from ..analysis.results import Diagnosis
 from ..trace.columns import median
-from .recommend import advise
+from .recommend import DECLINED, advise
 from .results import Recommendation
 from ..record import record
 
@@ -159,12 +159,19 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     """
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
     before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
-    recs = [r for r in advise(before.diagnosis).recommendations if r.command and r.runnable
-            and (rule is None or r.rule == rule)]
+    advice = advise(before.diagnosis)
+    recs = [r for r in advice.recommendations if r.command and r.runnable and (rule is None or r.rule == rule)]
     if not recs:
+        declined = [n for n in advice.calibration if n.startswith(DECLINED)]
         return TuneResult(before, None, None, message="no runnable recommendation" +
-                          (f" of rule {rule}" if rule else "") + ": nothing to apply")
-    rec = recs[0]
+                          (f" of rule {rule}" if rule else "") + ": nothing to apply" +
+                          "".join(f"; {n}" for n in declined))
+    return confirm(before, recs[0], out_dir, python, timeout, repeats, shape)
+
+
+def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.executable, timeout: float = 600,
+            repeats: int = 2, shape: Optional[dict] = None) -> TuneResult:
+    """Run `rec`'s command after `before` (its repeats alternating with before's), compare."""
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
     tb = measured_steps(before.out, before.diagnosis.run)
     ta = measured_steps(after.out, after.diagnosis.run)

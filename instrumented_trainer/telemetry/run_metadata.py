@@ -10,6 +10,7 @@ H100 PCIe from an SXM part.
 
 from __future__ import annotations
 
+import os
 import platform
 import shlex
 
@@ -36,6 +37,19 @@ def device_name(cuda: bool) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def host_facts(world_size: int) -> dict:
+    """The host's cores as this rank sees them (its CPU affinity), the ranks that share them and
+    torch's intra-op threads per rank: diag reads from them whether gloo's threads, which run the
+    collectives, have a core the compute does not use (docs/model.md). A value not known is None."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):            # not Linux
+        cpus = os.cpu_count()
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    ranks = int(local) if local and local.isdigit() else (1 if world_size == 1 else None)
+    return {"host_cpus": cpus or None, "ranks_per_host": ranks or None, "threads_per_rank": torch.get_num_threads()}
+
+
 def build(job, *, backend: str, dtype: str, cuda: bool,
           peak_memory_bytes: int | None = None, untraced_step_s: float | None = None) -> RunFacts:
     """The metadata record of a run; `peak_memory_bytes`: the largest measured step peak of any
@@ -55,6 +69,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         ffn_hidden_size=m.ffn_hidden_size, parameter_count=m.parameter_count(),
         dtype=dtype, device="cuda" if cuda else "cpu", device_name=name,
         peak_flops=peak_flops(name, dtype) if cuda else None,
+        **host_facts(grid.world_size),
         # the schedule asked for: 1F1B with fewer micro-batches than stages runs as GPipe (torch's 1F1B
         # refuses it), the order Megatron-LM's 1F1B has then and diag's 1F1B model gives, and a change to
         # m >= p (diag's bubble lever) re-runs 1F1B: what diag predicts for it must be 1F1B's memory

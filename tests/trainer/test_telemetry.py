@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import sys
 
@@ -64,6 +65,9 @@ def test_profiled_run_writes_logs_and_metadata(profiled_run, reference_losses):
     assert (meta["tp"], meta["pp"], meta["dp"], meta["num_micro_batches"]) == (2, 2, 2, 2)
     assert meta["backend"] == "gloo" and meta["dtype"] == "fp32" and meta["peak_flops"] is None
     assert "--overlap-grad-reduce" in meta["command"].split()
+    # the host's cores as rank 0 sees them (its affinity), the 8 local ranks, one intra-op thread each
+    assert (meta["host_cpus"], meta["ranks_per_host"], meta["threads_per_rank"]) == \
+        (len(os.sched_getaffinity(0)), 8, 1)
     for rank in range(8):
         comm = [json.loads(x) for x in
                 (profiled_run.out / f"comm-rank-{rank}.jsonl").read_text().splitlines()]
