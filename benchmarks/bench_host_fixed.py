@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import diag.advise.calibrate as cal_mod  # noqa: E402
-from diag.advise.tune import _traced, measured_steps, repeat, run  # noqa: E402
+from diag.advise.tune import _traced, across_runs, measured_steps, repeat, run  # noqa: E402
 from bench_tune import CASES as TRIPS, SMALL, lever_args  # noqa: E402
 
 BIG = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 256 --train-iters 10 "
@@ -73,14 +73,15 @@ def row(name: str, out: str, repeats: int) -> dict:
     cmd = "python -m instrumented_trainer " + flags
     b = run(cmd, f"{out}/{name}/before")
     a = run(with_flags(cmd, after_flags), f"{out}/{name}/after")
-    tb, ta = measured_steps(b.out, b.diagnosis.run), measured_steps(a.out, a.diagnosis.run)
+    tb, ta = [measured_steps(b.out, b.diagnosis.run)], [measured_steps(a.out, a.diagnosis.run)]
     xb, xa = _traced(b.diagnosis), _traced(a.diagnosis)
     for i in range(1, repeats):
         repeat(b, tb, xb, f"{out}/{name}/before-{i}", sys.executable, 600)
         repeat(a, ta, xa, f"{out}/{name}/after-{i}", sys.executable, 600)
+    before, after = across_runs(tb), across_runs(ta)
     return dict(lever=name, old=predict(b.diagnosis, change, False), new=predict(b.diagnosis, change),
-                measured=float(np.median(ta) / np.median(tb) - 1), noise=float(np.std(tb) / np.median(tb)),
-                before_ms=float(np.median(tb)) * 1e3, after_ms=float(np.median(ta)) * 1e3)
+                measured=after / before - 1, noise=float(np.std(tb[0]) / np.median(tb[0])),
+                before_ms=before * 1e3, after_ms=after * 1e3)
 
 
 def main() -> None:

@@ -5,8 +5,10 @@ instrumented trainer (a subprocess: diag never imports torch) with a configurati
 its traces, takes the top recommendation the trainer can run, re-runs with exactly its
 command, and reports predicted against measured change of the step time.
 
-Measured step time, two ways: the median of `steps.jsonl` over the unprofiled steps (after
-the first): the step time training really gets, so the basis of `error`; and the median
+Measured step time, two ways: from `steps.jsonl`, the unprofiled steps (after the first): the
+step time training really gets, so the basis of `error`: each run's median, and the median of
+those over the runs (`across_runs`: a run that other work on the machine slowed throughout moves
+it less than it moves the steps pooled, and with three runs or more not at all); and the median
 ProfilerStep time of the traces (profiled steps, slowed by the profiler itself, the basis the
 model is calibrated on). Both are reported.
 """
@@ -40,7 +42,7 @@ class TuneError(RuntimeError):
 class Run:
     out: str
     command: str
-    step_s: float                  # median of steps.jsonl outside the profiled window, over all repeats
+    step_s: float                  # steps.jsonl outside the profiled window: the median of the runs' medians
     steps: int                     # how many steps that median is over
     runs: int                      # the profiled run and its unprofiled repeats
     trace_step_s: Optional[float]  # median ProfilerStep time, all ranks and repeats (the model's basis)
@@ -121,11 +123,18 @@ def run(command: str, out: str, python: str = sys.executable, timeout: float = 6
                trace_step_s=d.throughput.step_time_s if d.throughput else None, diagnosis=d)
 
 
-def repeat(r: Run, times: list, traced: list, out: str, python: str, timeout: float) -> None:
-    """Run r's command again (profiled, as the diagnosed run); add its unprofiled and traced step times."""
+def across_runs(runs: list) -> float:
+    """The step time of a configuration run several times: the median of each run's median of its
+    unprofiled steps (runs: one list of step seconds per run)."""
+    return float(median([median(x) for x in runs if len(x)]))
+
+
+def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float) -> None:
+    """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
+    more list in runs) and its traced ones."""
     _train(_argv(r.command, out, python), timeout)
     d = diagnose(load_summaries(out))
-    times += measured_steps(out, d.run)
+    runs.append(measured_steps(out, d.run))
     traced += [s.host_s for x in d.ranks for s in x.steps]
     r.runs += 1
 
@@ -173,14 +182,14 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
             repeats: int = 2, shape: Optional[dict] = None) -> TuneResult:
     """Run `rec`'s command after `before` (its repeats alternating with before's), compare."""
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
-    tb = measured_steps(before.out, before.diagnosis.run)
-    ta = measured_steps(after.out, after.diagnosis.run)
+    tb = [measured_steps(before.out, before.diagnosis.run)]
+    ta = [measured_steps(after.out, after.diagnosis.run)]
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
     for i in range(1, repeats):
         repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout)
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
-    before.step_s, before.steps, before.trace_step_s = float(median(tb)), len(tb), float(median(xb))
-    after.step_s, after.steps, after.trace_step_s = float(median(ta)), len(ta), float(median(xa))
+    before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
+    after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
     res = TuneResult(before, after, rec, predicted_change=rec.step_s_after / rec.step_s_before - 1,
                      measured_change=after.step_s / before.step_s - 1)
     if before.trace_step_s and after.trace_step_s:
