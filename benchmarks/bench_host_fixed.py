@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import diag.advise.calibrate as cal_mod  # noqa: E402
-from diag.advise.tune import _traced, across_runs, measured_steps, repeat, run  # noqa: E402
+from diag.advise.tune import _traced, across_runs, measured_steps, paired_change, repeat, run  # noqa: E402
 from bench_tune import CASES as TRIPS, SMALL, lever_args  # noqa: E402
 
 BIG = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 256 --train-iters 10 "
@@ -80,7 +80,7 @@ def row(name: str, out: str, repeats: int) -> dict:
         repeat(a, ta, xa, f"{out}/{name}/after-{i}", sys.executable, 600)
     before, after = across_runs(tb), across_runs(ta)
     return dict(lever=name, old=predict(b.diagnosis, change, False), new=predict(b.diagnosis, change),
-                measured=after / before - 1, noise=float(np.std(tb[0]) / np.median(tb[0])),
+                measured=paired_change(tb, ta), noise=float(np.std(tb[0]) / np.median(tb[0])),
                 before_ms=before * 1e3, after_ms=after * 1e3)
 
 

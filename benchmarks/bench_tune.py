@@ -3,7 +3,7 @@
 For every lever the recommender can propose, a small trainer job built to trip it is run, the
 recommendation of that lever is applied, the job re-run (`diag tune --rule`), and one row printed:
 lever, predicted step change, measured step change (medians of the unprofiled steps, both
-configurations run alternately `--repeats` times, the median of the runs' medians), the step error (|predicted - measured| / |measured|
+configurations run alternately `--repeats` times: the median over the pairs of runs of each pair's change), the step error (|predicted - measured| / |measured|
 change), predicted and measured peak memory per rank. `make bench-tune` runs it.
 The goal (issue #19): step change within 25% and memory within 15% of measured on CPU. This is a
 benchmark, not a test: it times real training on a shared machine, so read its ratios next to the
@@ -136,8 +136,8 @@ def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Na
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", default=out)
     ap.add_argument("--repeats", type=int, default=3,
-                    help="runs of each configuration, alternating: the median of the runs' medians (3: one disturbed "
-                         "run does not move it)")
+                    help="runs of each configuration, alternating in pairs: the measured change is the median over "
+                         "the pairs (3: one disturbed pair does not set it)")
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
     if gpu_levers is not None:
         ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -6,9 +6,11 @@ its traces, takes the top recommendation the trainer can run, re-runs with exact
 command, and reports predicted against measured change of the step time.
 
 Measured step time, two ways: from `steps.jsonl`, the unprofiled steps (after the first): the
-step time training really gets, so the basis of `error`: each run's median, and the median of
-those over the runs (`across_runs`: a run that other work on the machine slowed throughout moves
-it less than it moves the steps pooled, and with three runs or more not at all); and the median
+step time training really gets, so the basis of `error`: each run's median; a configuration's
+step, the median of those over its runs (`across_runs`); the measured change, the median over the
+pairs of runs made one after the other (before i, then after i) of after i / before i - 1
+(`paired_change`): the load of a shared machine drifts between pairs more than within one, and with
+three pairs or more a pair that other work disturbed does not set it; and the median
 ProfilerStep time of the traces (profiled steps, slowed by the profiler itself, the basis the
 model is calibrated on). Both are reported.
 """
@@ -55,7 +57,7 @@ class TuneResult:
     after: Optional[Run]
     applied: Optional[Recommendation]
     predicted_change: Optional[float] = None   # after / before - 1, from the model
-    measured_change: Optional[float] = None    # from steps.jsonl medians (unprofiled steps)
+    measured_change: Optional[float] = None    # from steps.jsonl (unprofiled steps): paired_change
     trace_change: Optional[float] = None       # from the traces' median step times (profiled steps)
     message: str = ""
     memory_before: Optional[float] = None      # measured peak memory per rank (largest), bytes
@@ -129,6 +131,12 @@ def across_runs(runs: list) -> float:
     return float(median([median(x) for x in runs if len(x)]))
 
 
+def paired_change(before: list, after: list) -> float:
+    """The measured change of runs made in pairs (before[i], then after[i]; each a list of step
+    seconds): the median over the pairs of median(after[i]) / median(before[i]) - 1."""
+    return float(median([median(a) / median(b) - 1 for b, a in zip(before, after) if len(a) and len(b)]))
+
+
 def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float) -> None:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
     more list in runs) and its traced ones."""
@@ -191,7 +199,7 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
     before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
     after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
     res = TuneResult(before, after, rec, predicted_change=rec.step_s_after / rec.step_s_before - 1,
-                     measured_change=after.step_s / before.step_s - 1)
+                     measured_change=paired_change(tb, ta))
     if before.trace_step_s and after.trace_step_s:
         res.trace_change = after.trace_step_s / before.trace_step_s - 1
     res.memory_before = measured_peak_memory(before.out, before.diagnosis)
