@@ -152,6 +152,29 @@ def test_straggler_named_with_what_to_check(tmp_path):
     assert rec.evidence[0].value == pytest.approx(20.0, rel=0.05)           # ms/step
 
 
+def test_the_straggler_wait_is_taken_off_as_its_share_of_the_steps_it_was_measured_in(tmp_path):
+    """The wait is measured in the traced steps; the predictions start from the step the calibration
+    gives (on the trainer's CPU runs the untraced steps', shorter). The upper bound takes the wait's
+    share of the traced step off that step, so both are on one basis: with the synthetic job's window
+    step W and wait w (~20 ms) and a step of 0.6 W to start from, after = 0.6 W (1 - w / W), said in
+    an assumption; where the two steps agree, after = step - w and nothing more is said."""
+    from diag.advise.calibrate import window_step
+    from diag.advise.propose import Context
+    from diag.advise.rules import straggler
+    w = Workload(num_layers=4, fwd_s_per_layer=5 * MS, grad_bytes=1e8)
+    d = job(tmp_path, w, Config(dp=2, num_micro_batches=2), Links(dp=100e9), rank_delay={1: 20 * MS})
+    traced = window_step(d)
+    same = next(r for r in straggler(Context(d=d, cal=None, step_s=traced)))
+    wait = same.evidence[0].value * 1e-3
+    assert same.step_s_after == pytest.approx(traced - wait, rel=1e-9)
+    assert not any("traced steps" in a for a in same.assumptions)
+    rec = next(r for r in straggler(Context(d=d, cal=None, step_s=0.6 * traced)))
+    assert rec.evidence[0].value == same.evidence[0].value          # the measured wait, as measured
+    assert rec.step_s_after == pytest.approx(0.6 * traced * (1 - wait / traced), rel=1e-9)
+    assert rec.gain == pytest.approx(wait / traced, rel=1e-9)
+    assert any(a.startswith(f"the wait is {wait / traced:.1%} of the traced steps") for a in rec.assumptions)
+
+
 def test_balanced_job_gets_no_recommendation(tmp_path):
     """One rank, no communication, no idle: nothing to win, and the advice says so."""
     d = job(tmp_path, Workload(num_layers=4, fwd_s_per_layer=2 * MS), Config(num_micro_batches=2), Links())
@@ -160,22 +183,28 @@ def test_balanced_job_gets_no_recommendation(tmp_path):
 
 
 def test_real_straggler_trace():
-    """dlrm 4 ranks: the others wait 1,008.8 ms per step for rank 2 (the analyser's finding)."""
+    """dlrm 4 ranks: the others wait 1,008.8 ms per step for rank 2 (the analyser's finding) over the
+    window's steps (1,057 and 1,172 ms: mean 1,113.3 ms), 90.6% of them; taken off the run's step
+    (1,056.6 ms, the median of every ProfilerStep): 99.2 ms, not the 47.8 ms of the two subtracted."""
+    from diag.advise.calibrate import window_step
     d = with_advice(diagnose(load_job("tests/data/dlrm_4_ranks_alltoall")))
     top = d.recommendations[0]
     wait = next(f for f in d.findings if f.what == "waiting for rank 2")
     assert top.rule == "straggler" and "rank 2" in top.title
-    assert top.step_s_after == pytest.approx(d.throughput.step_time_s - wait.seconds_per_step, rel=1e-9)
+    assert window_step(d) == pytest.approx((1.057 + 1.172 + 1.057 + 1.172 + 1.057 + 1.162 + 1.056 + 1.173) / 8, abs=2e-3)
+    share = wait.seconds_per_step / window_step(d)
+    assert top.step_s_after == pytest.approx(d.throughput.step_time_s * (1 - share), rel=1e-9)
+    assert top.step_s_after == pytest.approx(0.0992, abs=1e-3)
     assert not any(r.rule == "micro_batch" for r in d.recommendations)   # idle explained by the straggler
 
 
 def test_a_wait_of_a_whole_step_predicts_no_step():
-    """A straggler's wait no shorter than the step (a step time from other steps than the wait's)
-    leaves no step to predict: no step after, never a negative one (dp2_no_overlap's summed waits
-    once gave 201.4 -> -45.0 ms)."""
+    """A straggler's wait no shorter than the steps it was measured in leaves no step to predict: no
+    step after, never a negative one (dp2_no_overlap's summed waits once gave 201.4 -> -45.0 ms)."""
+    from diag.advise.calibrate import window_step
     d = with_advice(diagnose(load_job("tests/data/dlrm_4_ranks_alltoall")))
     wait = next(f for f in d.findings if f.what == "waiting for rank 2")
-    d.throughput.step_time_s = wait.seconds_per_step
+    wait.seconds_per_step = window_step(d)
     rec = next(r for r in advise(d).recommendations if r.rule == "straggler")
     assert rec.step_s_after is None and not rec.upper_bound
 

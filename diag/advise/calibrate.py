@@ -161,7 +161,7 @@ def _weight_share(d: Diagnosis, notes: list) -> float:
     return share
 
 
-def _window_step(d: Diagnosis) -> Optional[float]:
+def window_step(d: Diagnosis) -> Optional[float]:
     """The measured step the model is fitted to: the mean over ranks of each rank's steps inside the
     analysed window, the steps its compute, communication and idle come from. Not the run's step
     time (Throughput.step_time_s, the median of every ProfilerStep): the last ProfilerStep, left out
@@ -543,7 +543,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     dp = int(meta.dp or max(1, (d.world_size or 1) // (tp * pp * cp)))
     layers, mbs = int(_need(meta, d, "num_layers")), int(_need(meta, d, "micro_batch_size"))
     m = int(_need(meta, d, "num_micro_batches"))
-    step = _window_step(d)
+    step = window_step(d)
     if not step:
         raise CalibrationError("cannot calibrate the step-time model: no measured step time (no ProfilerStep marks)")
     notes = [f"backward / forward = {BWD_RATIO} (assumed: the trace does not separate them)"]

@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
-from .calibrate import shared_cores, with_micro_batch
+from .calibrate import shared_cores, window_step, with_micro_batch
 from .memory import zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
@@ -431,16 +431,24 @@ def straggler(ctx: Context) -> list[Recommendation]:
     biggest loss: a report that leads with waiting for a rank never ends in "nothing worth changing"."""
     out = []
     top = ctx.d.findings[0] if ctx.d.findings else None
+    traced = window_step(ctx.d) or ctx.step_s          # the steps the wait was measured in
     for s in (ctx.d.comm.stragglers if ctx.d.comm else []):
         wait = _wait_for(ctx, s)
+        more = []
         if wait:
-            if ctx.step_s and wait.seconds_per_step < STRAGGLER_MIN * ctx.step_s and wait is not top:
+            share = wait.seconds_per_step / traced if traced else None
+            if share is not None and share < STRAGGLER_MIN and wait is not top:
                 continue
             e = [ev(f"others' wait for {s.who}", wait.seconds_per_step * 1e3,
-                    STRAGGLER_MIN * (ctx.step_s or 0) * 1e3, "ms/step", "Where the time goes; straggler line")]
-            after = ctx.step_s - wait.seconds_per_step if ctx.step_s else None
+                    STRAGGLER_MIN * (traced or 0) * 1e3, "ms/step", "Where the time goes; straggler line")]
+            # the wait's share of the steps it was measured in, taken off the step the predictions start
+            # from (the untraced steps' where the calibration removed the profiler's cost): one basis
+            after = ctx.step_s * (1 - share) if ctx.step_s and share is not None else None
             if after is not None and after <= 0:    # a wait of a whole step or more: no step left to predict
                 after = None
+            if after is not None and abs(ctx.step_s / traced - 1) > 0.005:
+                more = [f"the wait is {share:.1%} of the traced steps ({traced * 1e3:,.1f} ms), taken off the step "
+                        f"the predictions start from ({ctx.step_s * 1e3:,.1f} ms; model calibration)"]
         else:
             r = next((x for x in ctx.d.ranks if x.rank == s.rank), None)
             e = [ev(f"step time of rank {s.rank}", (r.step_time_s or 0) * 1e3 if r else 0.0, 0.0, "ms", s.evidence)]
@@ -452,7 +460,7 @@ def straggler(ctx: Context) -> list[Recommendation]:
                             f"loses to {'one rank' if one else 'these ranks'}",
                         assumptions=[f"upper bound: the others' wait for {s.who} removed (in the collectives "
                                      "it held back, directly or through a peer it kept waiting); the next "
-                                     "latest rank may then hold them back"], runnable=False,
+                                     "latest rank may then hold them back"] + more, runnable=False,
                         upper_bound=after is not None)
     return out
 
