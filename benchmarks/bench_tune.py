@@ -91,7 +91,8 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
                    memory_per_gpu=gib * (1 << 30) if gib else None)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
         return [rule, "-", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
-    if res.after is None and rule in DECLINED:
+    forced = res.after is None and rule in DECLINED     # its rule declined it: run all the same
+    if forced:
         res = declined(res, rule, os.path.join(out, rule), repeats)
     if res.after is None:
         return [rule, "-", "-", "-", "-", "-", "-", "-", res.message]
@@ -101,8 +102,7 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     if res.applied.memory_after_bytes and res.memory_after:
         mem_err = res.applied.memory_after_bytes / res.memory_after - 1
     step_err = res.error                         # |predicted - measured| / |measured| change (goal: 25%)
-    if res.applied.rule in DECLINED and res.applied.flags == DECLINED[res.applied.rule][0] \
-            and res.predicted_change is not None and res.measured_change is not None:
+    if forced and res.predicted_change is not None and res.measured_change is not None:
         # a change priced at ~0: a relative error means nothing; the points apart, against the noise
         apart = abs(res.predicted_change - res.measured_change)
         error = f"{100 * apart:.1f} pts" + (f" ({'within' if apart <= noise else 'outside'} the noise)" if noise else "")

@@ -537,6 +537,12 @@ def shared_cores(d: Diagnosis) -> Optional[bool]:
     return f.ranks_per_host * f.threads_per_rank >= f.host_cpus
 
 
+def host_words(f) -> str:
+    """The host facts (RunFacts f) as the notes say them: "2 ranks x 1 thread take the host's 2 cores"."""
+    return (f"{f.ranks_per_host} ranks x {f.threads_per_rank} thread{'s' * (f.threads_per_rank > 1)} take the "
+            f"host's {f.host_cpus} core{'s' * (f.host_cpus > 1)}")
+
+
 def calibrate(d: Diagnosis) -> Calibration:
     meta = d.facts
     tp, pp, cp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1)), int(meta.cp or 1)
@@ -621,10 +627,9 @@ def calibrate(d: Diagnosis) -> Calibration:
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
                  weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)))
     if w.shared_cores and c.grad_ranks > 1:
-        notes.append(f"{meta.ranks_per_host} ranks x {meta.threads_per_rank} thread{'s' * (meta.threads_per_rank > 1)} "
-                     f"take the host's {meta.host_cpus} core{'s' * (meta.host_cpus > 1)} (the run's facts): gloo's "
-                     "threads run the collectives on the compute's cores, so a DP reduction overlapped with "
-                     "backward is priced as if it were not (no idle core to hide it on)")
+        notes.append(f"{host_words(meta)} (the run's facts): gloo's threads run the collectives on the compute's "
+                     "cores, so a DP reduction overlapped with backward is priced as if it were not (no idle core "
+                     "to hide it on)")
     if cp > 1:
         notes.append(f"CP {cp}: the sequence split {cp} ways, so compute, TP all-reduces and pipeline messages are "
                      f"1/{cp} per rank (causal attention load-balanced, as Megatron-LM and torchtitan split it); each "

@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
-from .calibrate import shared_cores, window_step, with_micro_batch
+from .calibrate import host_words, shared_cores, window_step, with_micro_batch
 from .memory import zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
@@ -203,11 +203,9 @@ def dp_overlap(ctx: Context) -> list[Recommendation]:
     if not c.overlap_grad_reduce:
         if ctx.cal.workload.shared_cores:
             after = ctx.cal.predict(replace(c, overlap_grad_reduce=True))
-            f = ctx.d.facts
             ctx.declined.append(f"overlap the DP gradient all-reduce with backward ({100 * (after / ctx.step_s - 1):+.1f}% "
-                                f"predicted): {f.ranks_per_host} ranks x {f.threads_per_rank} thread{'s' * (f.threads_per_rank > 1)} take the host's "
-                                f"{f.host_cpus} cores, and gloo's threads would reduce on them; a host with an idle "
-                                "core per rank, or fewer threads per rank, would let it hide")
+                                f"predicted): {host_words(ctx.d.facts)}, and gloo's threads would reduce on them; a "
+                                "host with an idle core per rank, or fewer threads per rank, would let it hide")
             return []
         host = _host_overlap_caveat(ctx)
         return ctx.best("dp_overlap", [(replace(c, overlap_grad_reduce=True), None, {"--overlap-grad-reduce": ""})],
