@@ -312,7 +312,8 @@ def test_zero_bubble_schedule_is_simulated(tmp_path):
     d = job(tmp_path, w, c, Links(pp=1e15))
     assert d.throughput.step_time_s == pytest.approx(36 * MS, rel=1e-3)
     (rec,) = [r for r in d.recommendations if r.rule == "zero_bubble"]
-    assert rec.flags == {"--pipeline-schedule": "zb1p"}
+    # one stage a rank (4 layers), as priced: the trainer's zb1p alone runs two a rank (v = 2)
+    assert rec.flags == {"--pipeline-schedule": "zb1p", "--num-layers-per-virtual-pipeline-stage": "4"}
     assert rec.step_s_after == pytest.approx(28 * MS, rel=1e-3)
     assert rec.step_s_after == pytest.approx(step_time(w, Config(pp=2, num_micro_batches=2, micro_batch_size=2,
                                                                  schedule="zb1p"), Links(pp=1e15)), rel=1e-3)
@@ -325,7 +326,7 @@ def test_zero_bubble_schedule_is_simulated(tmp_path):
     assert [rank_estimate(model.shape, zb, s).in_flight for s in (0, 1)] == [2, 2]
     assert rec.memory_before_bytes == model.peak(lay).total
     assert rec.memory_after_bytes == model.peak(zb).total > rec.memory_before_bytes
-    assert "--pipeline-schedule zb1p" in rec.command
+    assert "--pipeline-schedule zb1p --num-layers-per-virtual-pipeline-stage 4" in rec.command
 
 
 def test_schedule_changes_on_a_cpu_timeline_are_low_confidence_and_say_why():

@@ -83,7 +83,10 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
     rounds = max(1, c.num_micro_batches // c.pp)
     if c.schedule != "1f1b" or c.num_micro_batches % rounds:
         return []
-    return ctx.best("zero_bubble", [(replace(c, schedule="zb1p"), None, {"--pipeline-schedule": "zb1p"})], e,
+    # one stage a rank, said: the trainer's zb1p runs two a rank unless told the layers per stage
+    flags = {"--pipeline-schedule": "zb1p",
+             "--num-layers-per-virtual-pipeline-stage": str(ctx.cal.workload.num_layers // c.pp)}
+    return ctx.best("zero_bubble", [(replace(c, schedule="zb1p"), None, flags)], e,
                     lambda k: "the zero-bubble schedule (ZB1P) instead of 1F1B",
                     why="splitting each backward into its input and weight gradients lets the weight passes run "
                         "while a stage would wait for its neighbours: the bubble shrinks from (p-1)(F+B+W) to "
