@@ -19,6 +19,7 @@ class TraceBuilder:
         self.pid, self.device, self.base = pid, device, base_ts
         self.events: list[dict] = []
         self.pg_config: list[dict] = []      # distributedInfo.pg_config, when given
+        self.host: Optional[str] = None       # the header's host_name, when given
         self._corr = count(1)
 
     def step(self, n: int, ts: float, dur: float) -> "TraceBuilder":
@@ -52,7 +53,7 @@ class TraceBuilder:
         return {"schemaVersion": 1, "deviceProperties": [{"id": self.device, "name": "Test GPU"}],
                 "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size,
                                     **({"pg_config": self.pg_config} if self.pg_config else {})},
-                "traceEvents": self.events}
+                **({"host_name": self.host} if self.host else {}), "traceEvents": self.events}
 
     def write(self, path: str, gz: Optional[bool] = None) -> str:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

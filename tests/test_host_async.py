@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from diag.analysis import diagnose
@@ -297,6 +298,45 @@ def test_sends_and_receives_join_a_two_rank_pipeline_group(tmp_path):
     assert d.comm.ranks[0].wait_s == pytest.approx(100 * US)
 
 
+@pytest.mark.parametrize("hosts", [("h", "h"), ("a", "b"), (None, None)])
+def test_a_pipeline_transfer_on_one_host_is_timed_on_its_clock(tmp_path, hosts):
+    """The runtime schedules' way (torch.distributed.pipelining): rank 1 posts its receive early
+    (c10d::recv_ 100-101, gloo:recv 100.5-450: the bytes land at 450), rank 0 sends late
+    (c10d::send 400-401, gloo:send 400.5-900: its wait is at the step's end). On one host the two
+    traces share a clock: the transfer is 450 - 400.5 = 49.5. Hosts apart or unknown, the clocks
+    are not compared: the shorter span (349.5) stands. The waits are the excess over the shorter
+    span either way (the stragglers' basis): the send 150, the receive 0."""
+    ranks = []
+    for rank, (op, start, end) in enumerate((("send", 400, 900), ("recv_", 100, 450))):
+        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
+        b.host = hosts[rank]
+        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
+        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
+        ranks.append(b)
+    _, d = joined(tmp_path, ranks)
+    one_clock = hosts[0] is not None and hosts[0] == hosts[1]
+    xfer = 49.5 if one_clock else 349.5
+    assert [rc.wait_s for rc in d.comm.ranks] == pytest.approx([150 * US, 0.0])
+    (o,) = {(o.axis, o.busbw_median_gbps, o.busbw_basis) for o in d.comm.ops}
+    assert o == ("pp", pytest.approx(3 * 16 * 64 * 4 / (xfer * US) / 1e9), "transfer")   # fp32, p2p bus factor 1
+
+
+def test_a_receive_posted_after_its_send_keeps_the_shorter_span(tmp_path):
+    """On one host, a receive posted after the send began (send 100.5-900, recv 400.5-420) may
+    have found the bytes there: the receive's end less the send's start (319.5) is the receiver's
+    delay, not the transfer, and the shorter span (19.5) stands: 12288 B in 19.5 µs."""
+    ranks = []
+    for rank, (op, start, end) in enumerate((("send", 100, 900), ("recv_", 400, 420))):
+        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
+        b.host = "h"
+        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
+        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
+        ranks.append(b)
+    _, d = joined(tmp_path, ranks)
+    assert [rc.wait_s for rc in d.comm.ranks] == pytest.approx([780 * US, 0.0])
+    assert [o.busbw_median_gbps for o in d.comm.ops] == pytest.approx([3 * 16 * 64 * 4 / (19.5 * US) / 1e9] * 2)
+
+
 # -- real runs of a torchtitan-style job ----------------------------------------------------------
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 COMM_PREFIXES = ("gloo:", "c10d::", "_c10d_functional::", "_c10d_functional_autograd::")
@@ -366,6 +406,52 @@ def test_tp_exposed_time_holds_the_main_threads_waits_on_tp(native3d):
                          and len(e["args"]["Input Dims"][0]) == 3]) for main, ev in raw_ranks(folder)]
         tp = next(a for a in d.comm.axes if a.axis == "tp")
         assert tp.exposed_s >= sum(waits) / len(waits) * US > 0
+
+
+def pp_transfers(folder: str) -> list:
+    """From the raw JSON of a one-host run, each pipeline send/recv pair's transfer by the rule
+    worked by hand above: the k-th `gloo:send` of a rank meets the k-th `gloo:recv` of its pp peer
+    (the only peer it sends to); on the host's clock (baseTimeNanoseconds + ts), a receive posted
+    first times it from the send's start to its own end where that is shorter than both spans,
+    else the shorter span stands. µs, one per pair."""
+    top = os.path.join(folder, "profile_traces")
+    it = os.path.join(top, sorted(os.listdir(top), key=lambda s: int(s.split("_")[-1]))[-1])
+    ranks = {}
+    for name in os.listdir(it):
+        doc = json.load(open(os.path.join(it, name)))
+        info = doc["distributedInfo"]
+        (peer,) = [r for g in info["pg_config"] if "pp" in g["pg_desc"] and len(g["ranks"]) == 2
+                   for r in g["ranks"] if r != info["rank"]]
+        ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        steps = [e for e in ev if e["name"].startswith("ProfilerStep")]
+        last, main = max(e["ts"] for e in steps), steps[0]["tid"]
+        base = doc["baseTimeNanoseconds"] / 1000
+        spans = {op: [(base + e["ts"], e["dur"]) for e in sorted(ev, key=lambda e: e["ts"])
+                      if e["name"] == f"gloo:{op}" and e["tid"] == main and e["ts"] < last] for op in ("send", "recv")}
+        ranks[info["rank"]] = (doc["host_name"], peer, spans)
+    out = []
+    for rank, (host, peer, spans) in ranks.items():
+        assert ranks[peer][0] == host                       # one host: its clock is both traces'
+        for (ss, sd), (rs, rd) in zip(spans["send"], ranks[peer][2]["recv"], strict=True):
+            on_clock = rs + rd - ss
+            out.append(on_clock if rs <= ss and 0 < on_clock < min(sd, rd) else min(sd, rd))
+    return out
+
+
+@pytest.mark.slow
+def test_pipeline_transfers_are_timed_on_the_hosts_clock(native3d):
+    """Every pipeline send/recv of both runs, from the raw JSON (pp_transfers): diag's pp busbw is
+    the median over the pairs of the bytes over that transfer. The interleaved run's runtime posts
+    receives early and waits on its sends at the step's end: there the shorter span was a wait,
+    most of a step, and the link read 100x slow (0.016 GB/s against 1.6 on the trainer's CPU runs)."""
+    for folder, d in native3d.values():
+        want = pp_transfers(folder)
+        pp = [o for o in d.comm.ops if o.axis == "pp"]
+        assert sorted(o.op for o in pp) == ["recv", "send"]
+        for o in pp:
+            assert o.busbw_basis == "transfer" and o.calls == len(want)
+            assert o.busbw_median_gbps == pytest.approx(
+                float(np.median([o.median_bytes / (t * US) for t in want])) / 1e9, rel=1e-3)
 
 
 def compute_share(d) -> float:

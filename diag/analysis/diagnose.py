@@ -24,7 +24,7 @@ from .pipeline import pipeline
 from .rates import throughput
 from .rankpass import RankSummary, summarize
 from .results import CommAnalysis, Diagnosis, MemoryUsage, Problem, RankResult
-from .stragglers import cannot_tell, collective_stragglers, rank_hosts, step_stragglers
+from .stragglers import cannot_tell, collective_stragglers, file_host, rank_hosts, step_stragglers
 
 
 def analyse_rank(rt: RankTrace, top_n: int = 10) -> RankResult:
@@ -47,8 +47,10 @@ def job_layout(job: Job, summaries: list[RankSummary], sizes: Optional[dict] = N
 
 def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Optional[int],
                   device: Optional[str], link_gbps: Optional[float], bench=None,
-                  unknown_axis_note: str = "", smaller_groups: bool = False) -> CommAnalysis:
-    matched, inferred = match(comms, world, smaller_groups)
+                  unknown_axis_note: str = "", smaller_groups: bool = False,
+                  clocks: tuple = (None, None)) -> CommAnalysis:
+    """clocks: per comms entry, its host and its clock's 0 on the host's clock (matching.match)."""
+    matched, inferred = match(comms, world, smaller_groups, *clocks)
     for rc, m in zip(comms, matched):        # carried with the comms: the timeline links each match
         rc.match_id = m.match_id
     steps = max((r.window_steps for r in ranks), default=0)
@@ -168,7 +170,9 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     join_groups(comms, [s.pg_config for s in summaries], grid)
     devices = [r.device for r in ranks if r.device]
     ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps, bench,
-                       _unknown_axis_note(grid), _smaller_groups(summaries, job.world_size)) \
+                       _unknown_axis_note(grid), _smaller_groups(summaries, job.world_size),
+                       ([file_host(s.path, s.host) for s in summaries],
+                        [None if s.start_epoch_us is None else round(s.start_epoch_us * 1000) for s in summaries])) \
         if any(len(rc) for rc in comms) else None
     backends = {rt.backend for rt in job.ranks if rt.backend}
     d = Diagnosis(

@@ -8,6 +8,15 @@ order of occurrence within the group on that rank); a send pairs with the matchi
 receive of its peer (2-member groups, where the peer is known); hosts' clocks are never
 compared.
 
+A send and its receive need not end together: a nonblocking send (torch.distributed.pipelining's
+runtime schedules post `isend` and wait on it at the step's end) spans from its issue to that wait,
+and the receive from its posting to the data's arrival, which includes waiting for the sender; the
+shortest of the two can be either wait. Where both ranks ran on one host (the traces' host_name,
+or Kineto's file names), their timestamps are one clock's, and a receive posted before its send
+began times the transfer on it: from the send's start to the receive's end. Elsewhere the
+shortest stands. The waits stay each member's excess over the shorter span, the basis the
+straggler analysis reads (a send's span open while its rank computes is no wait for a peer).
+
 When the trace does not say the group (old traces), instances are matched across all
 ranks only if every rank of the world is present and each shows the same sequence of
 collectives; that inference is reported, and otherwise the instance stays unmatched. A complete
@@ -29,8 +38,9 @@ INFERRED_GROUP = "*"
 class Matched:
     """Per instance of a rank's collectives: its transfer, its wait, and whether it came last."""
 
-    transfer_ns: np.ndarray   # per instance: shortest duration in its match, -1 unmatched
-    wait_ns: np.ndarray       # per instance: duration - transfer, 0 unmatched
+    transfer_ns: np.ndarray   # per instance: shortest duration in its match (a send/recv pair of one
+                              # host: timed on its clock, see above), -1 unmatched
+    wait_ns: np.ndarray       # per instance: duration - the shortest in its match, 0 unmatched
     last: np.ndarray          # per instance: this rank arrived last in its match
     complete: np.ndarray      # per instance: every member of the group had a trace
     match_id: np.ndarray      # per instance: id of its match, -1 unmatched
@@ -98,16 +108,33 @@ def _can_infer(comms: list[RankComms], world: int | None, smaller_groups: bool =
     return len(seqs) == 1 and len(next(iter(seqs))) > 0
 
 
-def match(comms: list[RankComms], world: int | None, smaller_groups: bool = False) -> tuple[list[Matched], bool]:
+def _one_clock(transfer, pos_a, pos_b, start, end, is_send, host) -> np.ndarray:
+    """The pairs' transfer where both of a send/recv pair ran on one host and the receive was
+    posted first: the receive's end less the send's start, where that is positive and shorter than
+    the shorter span; else as given (per pair: positions pos_a, pos_b of its two members). A
+    receive posted after the send began may find the bytes there already: its end less the send's
+    start would then hold the receiver's own delay, and its span alone only the copy out."""
+    same = (host[pos_a] >= 0) & (host[pos_a] == host[pos_b]) & (is_send[pos_a] != is_send[pos_b])
+    send, recv = np.where(is_send[pos_a], pos_a, pos_b), np.where(is_send[pos_a], pos_b, pos_a)
+    on_clock = end[recv] - start[send]
+    better = same & (start[recv] <= start[send]) & (on_clock > 0) & (on_clock < transfer)
+    return np.where(better, on_clock, transfer)
+
+
+def match(comms: list[RankComms], world: int | None, smaller_groups: bool = False,
+          hosts: list | None = None, epoch_ns: list | None = None) -> tuple[list[Matched], bool]:
     """Per rank, the matched view of its instances; and whether groups were inferred.
 
+    hosts, epoch_ns: per comms entry, the host it ran on (None unknown) and where its clock's 0
+    lies on the host's clock (ns); a send/recv pair of one host is timed on that clock.
     Instances are matched on (group, key code, order of occurrence on the rank); all ranks'
     instances are sorted together once, so the cost is O(instances log instances)."""
     present = {rc.rank for rc in comms}
     infer = _can_infer(comms, world, smaller_groups)
     group_id: dict = {}
     members_of: dict = {}
-    cols = {k: [] for k in ("gid", "code", "occ", "ri", "ii", "dur")}
+    cols = {k: [] for k in ("gid", "code", "occ", "ri", "ii", "dur", "start", "send", "host")}
+    host_id = {}
     for ri, rc in enumerate(comms):
         gid, code = _codes(rc, group_id, members_of, infer)
         ok = np.flatnonzero(gid >= 0)
@@ -118,12 +145,17 @@ def match(comms: list[RankComms], world: int | None, smaller_groups: bool = Fals
         cols["ri"].append(np.full(ok.size, ri, np.int64))
         cols["ii"].append(ok)
         cols["dur"].append(rc.dur_ns[ok].astype(np.int64))
+        h = hosts[ri] if hosts and epoch_ns and epoch_ns[ri] is not None else None
+        cols["start"].append(rc.start_ns[ok].astype(np.int64) + (int(epoch_ns[ri]) if h is not None else 0))
+        cols["send"].append(rc.coll[ok] == Coll.SEND)
+        cols["host"].append(np.full(ok.size, -1 if h is None else host_id.setdefault(h, len(host_id)), np.int64))
     out = [Matched(np.full(len(rc), -1, np.int64), np.zeros(len(rc), np.int64), np.zeros(len(rc), bool),
                    np.zeros(len(rc), bool), np.full(len(rc), -1, np.int64), np.zeros(len(rc), np.int64))
            for rc in comms]
     if not any(len(c) for c in cols["gid"]):
         return out, infer
-    gid, code, occ, ri, ii, dur = (np.concatenate(cols[k]) for k in ("gid", "code", "occ", "ri", "ii", "dur"))
+    gid, code, occ, ri, ii, dur, start, send, host = (np.concatenate(cols[k]) for k in (
+        "gid", "code", "occ", "ri", "ii", "dur", "start", "send", "host"))
     # one match per (group, code, occurrence); within it, by duration then order of appearance
     order = np.lexsort((np.arange(gid.size), dur, occ, code, gid))
     g, c, o = gid[order], code[order], occ[order]
@@ -135,7 +167,12 @@ def match(comms: list[RankComms], world: int | None, smaller_groups: bool = Fals
     first = np.minimum.reduceat(order, starts)
     mid = np.empty(starts.size, np.int64)
     mid[np.argsort(first, kind="stable")] = np.arange(starts.size)
-    transfer = dur[order][starts]                                # the shortest of each match
+    shortest = dur[order][starts]                                # the shortest of each match
+    transfer = shortest.copy()
+    pairs = np.flatnonzero((c[starts] >= P2P_BASE) & (sizes == 2))
+    if pairs.size and host.size and (host >= 0).any():
+        a, b = order[starts[pairs]], order[starts[pairs] + 1]
+        transfer[pairs] = _one_clock(transfer[pairs], a, b, start, start + dur, send, host)
     names = {v: k for k, v in group_id.items()}
     expected = np.array([2 if cc >= P2P_BASE else len(present) if names[gg] == INFERRED_GROUP
                          else len(members_of.get(names[gg], [])) or names[gg].count(",") + 1
@@ -153,7 +190,7 @@ def match(comms: list[RankComms], world: int | None, smaller_groups: bool = Fals
         if lo == hi:
             continue
         j, aa = ii[k[lo:hi]], a[lo:hi]
-        m.transfer_ns[j], m.wait_ns[j] = transfer[aa], dur[k[lo:hi]] - transfer[aa]
+        m.transfer_ns[j], m.wait_ns[j] = transfer[aa], dur[k[lo:hi]] - shortest[aa]
         m.last[j], m.complete[j], m.match_id[j] = new[kpos[lo:hi]], complete[aa], mid[aa]
         m.group_size[j] = found_size[aa]
     return out, infer

@@ -57,6 +57,7 @@ class RankSummary:
     dtensor: bool = False                           # GEMMs dispatched by DTensor: their shapes are global
     attention: Optional[str] = None                 # shapes.attention_kind: fused | eager; None: not seen
     memory: RankMemory = field(default_factory=RankMemory)   # measured peak and curve (memuse)
+    host: Optional[str] = None                      # its trace header's host_name (RankTrace.host)
 
     def set_rank(self, rank: int) -> None:
         """The rank a trace without distributedInfo is shown as (chosen by the merge)."""
@@ -113,4 +114,4 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
                        pg_config=compact_pg_config(rt.pg_config), pp=read_rank(rt, w, timeline, comms),
                        gemms=[[op, [list(d) for d in dims], int(n)] for (op, dims), n in rt.gemms.items()],
                        dtensor=bool(t.name_mask(DTENSOR_RE.match).any()), memory=rank_memory(rt, w, timeline),
-                       attention=attention_kind(t.symbols.names))
+                       attention=attention_kind(t.symbols.names), host=rt.host)

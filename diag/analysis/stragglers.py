@@ -272,6 +272,12 @@ def rank_span(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
+def file_host(path: str, header_host: Optional[str] = None) -> Optional[str]:
+    """The host a trace was taken on: its header's host_name, else Kineto's default file name's."""
+    m = KINETO_FILE.match(os.path.basename(path))
+    return header_host or (m.group(1) if m else None)
+
+
 def rank_hosts(ranks: list[RankResult]) -> dict[int, str]:
     """Rank -> host, from Kineto's default file names; {} unless every rank's file says it."""
     hosts = {r.rank: m.group(1) for r in ranks if (m := KINETO_FILE.match(os.path.basename(r.file)))}

@@ -200,6 +200,7 @@ def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankT
         devices=doc.deviceProperties if isinstance(doc.deviceProperties, list) else [],
         trace_id=str(doc.trace_id) if doc.trace_id is not None else None,
         start_epoch_us=base_us + table.t0_us,
+        host=doc.host_name if isinstance(doc.host_name, str) and doc.host_name else None,
         thread_names=thread_names, skipped=skipped,
         meta={k: info[k] for k in ("nccl_version", "pg_count") if k in info},
     )

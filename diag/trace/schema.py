@@ -125,7 +125,7 @@ class EventList(list):
 
 # The top-level keys diag reads. Each is kept raw first and decoded on its own (header()), so
 # one unreadable value (a number past float64's range) makes that key unknown, not the file.
-HEADER_KEYS = ("distributedInfo", "deviceProperties", "trace_id", "schemaVersion", "baseTimeNanoseconds")
+HEADER_KEYS = ("distributedInfo", "deviceProperties", "trace_id", "schemaVersion", "baseTimeNanoseconds", "host_name")
 
 
 class _RawHeader(msgspec.Struct):
@@ -135,6 +135,7 @@ class _RawHeader(msgspec.Struct):
     trace_id: msgspec.Raw = msgspec.Raw()
     schemaVersion: msgspec.Raw = msgspec.Raw()
     baseTimeNanoseconds: msgspec.Raw = msgspec.Raw()
+    host_name: msgspec.Raw = msgspec.Raw()
 
 
 class TraceFile(msgspec.Struct):
@@ -146,6 +147,7 @@ class TraceFile(msgspec.Struct):
     trace_id: Any = None
     schemaVersion: Any = None
     baseTimeNanoseconds: Any = None
+    host_name: Any = None                          # Kineto's since 2024: the host the rank ran on
     unreadable: list = msgspec.field(default_factory=list)   # HEADER_KEYS whose value could not be read
 
 
