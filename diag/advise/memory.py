@@ -197,11 +197,15 @@ def grads_at_peak(lay: MemoryConfig, stage: int) -> bool:
     """Whether the stage's gradients are alive at its activation peak. The peak is at the first
     backward after the most forwards; where the run sets its gradients to None between steps
     (`grads_freed`: torch's `zero_grad()` default, the trainer) and the stage runs no more
-    micro-batches than it holds in flight then (GPipe; 1F1B with m <= p - stage; ZB1P m <= p;
-    interleaved 1F1B by `in_flight`'s count, as ZeRO-3's deferred gradients are), that first
-    backward comes before any gradient of the step: none are alive. A persistent gradient buffer
-    (Megatron-LM's) or a run that does not say: counted."""
-    if not lay.grads_freed:
+    micro-batches than it holds in flight then (GPipe; 1F1B with m <= p - stage; interleaved 1F1B
+    by `in_flight`'s count, as ZeRO-3's deferred gradients are), that first backward comes before
+    any gradient of the step: none are alive. ZB1P: counted. Its first backward computes input
+    gradients only; the weight gradients appear in its first weight pass, which runs while the
+    micro-batches it holds still keep their layers' inputs (torch's order, p = m = 2: stage 1
+    F0 I0 F1 I1 W0 W1), and the CPU runs' peaks fall inside it (`PP:1W0`, `PP:0W1`: 139 MiB
+    measured, 117 modelled without them, 141.5 with; benchmarks/README.md). A persistent gradient
+    buffer (Megatron-LM's) or a run that does not say: counted."""
+    if not lay.grads_freed or lay.schedule == "zb1p":
         return True
     return lay.num_micro_batches > in_flight(lay, stage)
 
