@@ -272,10 +272,16 @@ def rank_span(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
+ANY_HOST = re.compile(r"^(localhost(\.localdomain)?|127\.0\.0\.1|::1)?$", re.I)   # names every machine may have
+
+
 def file_host(path: str, header_host: Optional[str] = None) -> Optional[str]:
-    """The host a trace was taken on: its header's host_name, else Kineto's default file name's."""
+    """The host a trace was taken on: its header's host_name, else Kineto's default file name's;
+    None where neither names one machine (no name, or `localhost`, which containers on different
+    machines may all be called)."""
     m = KINETO_FILE.match(os.path.basename(path))
-    return header_host or (m.group(1) if m else None)
+    host = header_host or (m.group(1) if m else None)
+    return None if host is None or ANY_HOST.match(host) else host
 
 
 def rank_hosts(ranks: list[RankResult]) -> dict[int, str]:
