@@ -321,6 +321,22 @@ def test_a_pipeline_transfer_on_one_host_is_timed_on_its_clock(tmp_path, hosts):
     assert o == ("pp", pytest.approx(3 * 16 * 64 * 4 / (xfer * US) / 1e9), "transfer")   # fp32, p2p bus factor 1
 
 
+def test_a_clock_past_int64_is_not_compared(tmp_path):
+    """baseTimeNanoseconds 1e25 (no real clock's) on both ranks of one host: their clocks are not
+    compared (in ns it overflows int64) and the shorter span (349.5) stands; nothing fails."""
+    for rank, (op, start, end) in enumerate((("send", 400, 900), ("recv_", 100, 450))):
+        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
+        b.host = "h"
+        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
+        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
+        doc = b.doc()
+        doc["baseTimeNanoseconds"] = 10 ** 25
+        with open(os.path.join(str(tmp_path), f"rank{rank}_trace.json"), "w") as f:
+            json.dump(doc, f)
+    d = diagnose(load_job(str(tmp_path)))
+    assert [o.busbw_median_gbps for o in d.comm.ops] == pytest.approx([3 * 16 * 64 * 4 / (349.5 * US) / 1e9] * 2)
+
+
 def test_a_receive_posted_after_its_send_keeps_the_shorter_span(tmp_path):
     """On one host, a receive posted after the send began (send 100.5-900, recv 400.5-420) may
     have found the bytes there: the receive's end less the send's start (319.5) is the receiver's

@@ -145,7 +145,8 @@ def match(comms: list[RankComms], world: int | None, smaller_groups: bool = Fals
         cols["ri"].append(np.full(ok.size, ri, np.int64))
         cols["ii"].append(ok)
         cols["dur"].append(rc.dur_ns[ok].astype(np.int64))
-        h = hosts[ri] if hosts and epoch_ns and epoch_ns[ri] is not None else None
+        # a clock past int64 in ns (a baseTimeNanoseconds out of any real range): not compared
+        h = hosts[ri] if hosts and epoch_ns and epoch_ns[ri] is not None and abs(epoch_ns[ri]) < 1 << 62 else None
         cols["start"].append(rc.start_ns[ok].astype(np.int64) + (int(epoch_ns[ri]) if h is not None else 0))
         cols["send"].append(rc.coll[ok] == Coll.SEND)
         cols["host"].append(np.full(ok.size, -1 if h is None else host_id.setdefault(h, len(host_id)), np.int64))
