@@ -298,6 +298,20 @@ def test_sends_and_receives_join_a_two_rank_pipeline_group(tmp_path):
     assert d.comm.ranks[0].wait_s == pytest.approx(100 * US)
 
 
+def pp_pair(spans, hosts) -> list:
+    """A two-rank pipeline group whose rank 0 sends and rank 1 receives, hand-made: spans
+    ((send start, end), (recv start, end)) µs, each c10d op 1 µs from its start and gloo's span from
+    0.5 µs on; hosts: each rank's host_name (None: none)."""
+    ranks = []
+    for rank, (op, (start, end)) in enumerate(zip(("send", "recv_"), spans)):
+        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
+        b.host = hosts[rank]
+        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
+        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
+        ranks.append(b)
+    return ranks
+
+
 @pytest.mark.parametrize("hosts", [("h", "h"), ("a", "b"), (None, None), ("localhost", "localhost")])
 def test_a_pipeline_transfer_on_one_host_is_timed_on_its_clock(tmp_path, hosts):
     """The runtime schedules' way (torch.distributed.pipelining): rank 1 posts its receive early
@@ -306,14 +320,7 @@ def test_a_pipeline_transfer_on_one_host_is_timed_on_its_clock(tmp_path, hosts):
     traces share a clock: the transfer is 450 - 400.5 = 49.5. Hosts apart or unknown, the clocks
     are not compared: the shorter span (349.5) stands. The waits are the excess over the shorter
     span either way (the stragglers' basis): the send 150, the receive 0."""
-    ranks = []
-    for rank, (op, start, end) in enumerate((("send", 400, 900), ("recv_", 100, 450))):
-        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
-        b.host = hosts[rank]
-        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
-        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
-        ranks.append(b)
-    _, d = joined(tmp_path, ranks)
+    _, d = joined(tmp_path, pp_pair(((400, 900), (100, 450)), hosts))
     one_clock = hosts[0] not in (None, "localhost") and hosts[0] == hosts[1]    # any machine is localhost
     xfer = 49.5 if one_clock else 349.5
     assert [rc.wait_s for rc in d.comm.ranks] == pytest.approx([150 * US, 0.0])
@@ -324,14 +331,10 @@ def test_a_pipeline_transfer_on_one_host_is_timed_on_its_clock(tmp_path, hosts):
 def test_a_clock_past_int64_is_not_compared(tmp_path):
     """baseTimeNanoseconds 1e25 (no real clock's) on both ranks of one host: their clocks are not
     compared (in ns it overflows int64) and the shorter span (349.5) stands; nothing fails."""
-    for rank, (op, start, end) in enumerate((("send", 400, 900), ("recv_", 100, 450))):
-        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
-        b.host = "h"
-        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
-        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
+    for b in pp_pair(((400, 900), (100, 450)), ("h", "h")):
         doc = b.doc()
         doc["baseTimeNanoseconds"] = 10 ** 25
-        with open(os.path.join(str(tmp_path), f"rank{rank}_trace.json"), "w") as f:
+        with open(os.path.join(str(tmp_path), f"rank{b.rank}_trace.json"), "w") as f:
             json.dump(doc, f)
     d = diagnose(load_job(str(tmp_path)))
     assert [o.busbw_median_gbps for o in d.comm.ops] == pytest.approx([3 * 16 * 64 * 4 / (349.5 * US) / 1e9] * 2)
@@ -341,14 +344,7 @@ def test_a_receive_posted_after_its_send_keeps_the_shorter_span(tmp_path):
     """On one host, a receive posted after the send began (send 100.5-900, recv 400.5-420) may
     have found the bytes there: the receive's end less the send's start (319.5) is the receiver's
     delay, not the transfer, and the shorter span (19.5) stands: 12288 B in 19.5 µs."""
-    ranks = []
-    for rank, (op, start, end) in enumerate((("send", 100, 900), ("recv_", 400, 420))):
-        b = gloo_rank(rank, 2, {"mesh_pp": [0, 1]})
-        b.host = "h"
-        issue(b, op, start, 1, [[[3, 16, 64]], [], [], []], ["TensorList", "", "Scalar", "Scalar"])
-        transfer(b, op.rstrip("_"), start + 0.5, end - start - 0.5, [3, 16, 64], tid=b.pid)
-        ranks.append(b)
-    _, d = joined(tmp_path, ranks)
+    _, d = joined(tmp_path, pp_pair(((100, 900), (400, 420)), ("h", "h")))
     assert [rc.wait_s for rc in d.comm.ranks] == pytest.approx([780 * US, 0.0])
     assert [o.busbw_median_gbps for o in d.comm.ops] == pytest.approx([3 * 16 * 64 * 4 / (19.5 * US) / 1e9] * 2)
 

@@ -5,8 +5,8 @@ transfer, so it includes waiting for the last rank. Matched across the group, th
 shortest instance is the transfer time (it belongs to the rank that arrived last), and
 each rank's excess over it is wait time. Instances are matched by (group, collective,
 order of occurrence within the group on that rank); a send pairs with the matching
-receive of its peer (2-member groups, where the peer is known); hosts' clocks are never
-compared.
+receive of its peer (2-member groups, where the peer is known); the ranks' clocks are compared
+only for such a pair on one host (below).
 
 A send and its receive need not end together: a nonblocking send (torch.distributed.pipelining's
 runtime schedules post `isend` and wait on it at the step's end) spans from its issue to that wait,
@@ -171,7 +171,7 @@ def match(comms: list[RankComms], world: int | None, smaller_groups: bool = Fals
     shortest = dur[order][starts]                                # the shortest of each match
     transfer = shortest.copy()
     pairs = np.flatnonzero((c[starts] >= P2P_BASE) & (sizes == 2))
-    if pairs.size and host.size and (host >= 0).any():
+    if pairs.size and (host >= 0).any():
         a, b = order[starts[pairs]], order[starts[pairs] + 1]
         transfer[pairs] = _one_clock(transfer[pairs], a, b, start, start + dur, send, host)
     names = {v: k for k, v in group_id.items()}

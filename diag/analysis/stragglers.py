@@ -275,18 +275,23 @@ def rank_span(ranks: list[int]) -> str:
 ANY_HOST = re.compile(r"^(localhost(\.localdomain)?|127\.0\.0\.1|::1)?$", re.I)   # names every machine may have
 
 
+def _named_host(path: str) -> Optional[str]:
+    """The host Kineto's default file name (`<host>_<pid>.<ns>.pt.trace.json`) gives; None: other names."""
+    m = KINETO_FILE.match(os.path.basename(path))
+    return m.group(1) if m else None
+
+
 def file_host(path: str, header_host: Optional[str] = None) -> Optional[str]:
     """The host a trace was taken on: its header's host_name, else Kineto's default file name's;
     None where neither names one machine (no name, or `localhost`, which containers on different
     machines may all be called)."""
-    m = KINETO_FILE.match(os.path.basename(path))
-    host = header_host or (m.group(1) if m else None)
+    host = header_host or _named_host(path)
     return None if host is None or ANY_HOST.match(host) else host
 
 
 def rank_hosts(ranks: list[RankResult]) -> dict[int, str]:
     """Rank -> host, from Kineto's default file names; {} unless every rank's file says it."""
-    hosts = {r.rank: m.group(1) for r in ranks if (m := KINETO_FILE.match(os.path.basename(r.file)))}
+    hosts = {r.rank: h for r in ranks if (h := _named_host(r.file))}
     return hosts if len(hosts) == len(ranks) else {}
 
 
