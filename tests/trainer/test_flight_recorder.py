@@ -12,8 +12,10 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from diag.analysis.flightrec import flight_record
+from diag.analysis.frtimings import LATE_MS_PER_S
 from diag.report.frfmt import fr_lines
 from trainer.test_faults import ROOT, _child_with_rank
 
@@ -82,19 +84,63 @@ def test_stalled_rank_is_named_from_signal_dumps(tmp_path):
 
 
 def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
-    out, from_step, steps = tmp_path / "run", 10, 20
+    # ~0.7 s of fast steps (more than one of the analysis's windows), then ~2.8 s of slowed ones
+    out, from_step, steps = tmp_path / "run", 24, 34
     p = _trainer(out, "--train-iters", str(steps), "--fault-slow", f"1:{from_step}:0.25")
     assert p.wait(timeout=300) == 0, p.stderr.read()
     fr, problems = flight_record(str(out))
     assert not problems and not fr.hangs
-    assert [x.rank for x in fr.late] == [1], (fr.late, fr.late_basis)
-    late = fr.late[0]
     # Truth: when rank 0 entered its first DP collective of the first slowed step (comm log, host clock).
     slowed_at = min(c["start"] for c in _comm(out, 0) if c["step"] == from_step) * 1e9
+    assert fr.late_window_s, fr.late_basis
     width = fr.late_window_s * 1e9                        # the onset is the start of a window
-    assert slowed_at - width <= late.since_ns <= slowed_at + width, (late, slowed_at, width)
+    # The machine's own noise before the fault, from the raw dumps: on a loaded host a rank is late
+    # at its collectives with no fault at all; where that reaches what the analysis calls late, the
+    # injected slowdown cannot be told from it, and the test says so instead of passing or failing on luck.
+    noise = _lateness_before(out / "flightrec", slowed_at, width)
+    if max(noise.values(), default=0.0) >= LATE_MS_PER_S:
+        pytest.skip(f"inconclusive: before the fault the ranks were already late by {noise} ms per s of run "
+                    f"(windows of {fr.late_window_s:.2f} s); the analysis calls {LATE_MS_PER_S:.0f} late")
+    assert [x.rank for x in fr.late] == [1], (fr.late, fr.late_basis, noise)
+    late = fr.late[0]
+    assert slowed_at - width <= late.since_ns <= slowed_at + width, (late, slowed_at, width, noise)
     assert late.until_ns is None or late.until_ns >= fr.last_ns - 2 * width   # slow to the end, within a window
     assert late.waited_after_ms_per_s > 2 * max(late.waited_before_ms_per_s, 1.0)   # before: may hold part of the onset window
+
+
+def _lateness_before(frdir, until_ns: float, width_ns: float) -> dict:
+    """Per rank, the largest wait of the other rank for it, in ms per s, over windows of `width_ns`
+    that end by `until_ns`: each collective both ranks recorded (its group's first left out: the
+    start-up), the later entry's lead over the earlier, from the dumps' entry times (one host, one
+    clock); leads of collectives in flight at once count once."""
+    created = {}
+    for r in (0, 1):
+        for e in json.loads((frdir / f"rank-{r}.json").read_text())["entries"]:
+            if not e["is_p2p"]:
+                created.setdefault((e["process_group"][0], e["collective_seq_id"]), {})[r] = e["time_created_ns"]
+    first = {}
+    for (pg, seq) in created:
+        first[pg] = min(first.get(pg, seq), seq)
+    spans = {0: [], 1: []}
+    for (pg, seq), t in created.items():
+        if seq != first[pg] and len(t) == 2:
+            late = max(t, key=t.get)
+            spans[late].append((min(t.values()), max(t.values())))
+    start = min(a for s in spans.values() for a, _ in s)
+    k = max(1, int((until_ns - start) // width_ns))       # whole windows before the fault (at least one)
+    edges = [until_ns - (k - i) * width_ns for i in range(k + 1)]
+    out = {}
+    for r, s in spans.items():
+        merged = []
+        for a, b in sorted(s):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        per = [sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged) / 1e6 / (hi - lo) * 1e9
+               for lo, hi in zip(edges, edges[1:])]
+        out[r] = round(max(per), 1)
+    return out
 
 
 def test_end_dumps_beside_traces_make_one_report(tmp_path):
