@@ -56,8 +56,11 @@ class TuneResult:
     before: Run
     after: Optional[Run]
     applied: Optional[Recommendation]
-    predicted_change: Optional[float] = None   # after / before - 1, from the model
+    predicted_change: Optional[float] = None   # after / before - 1, from the model: median of predicted_changes
     measured_change: Optional[float] = None    # from steps.jsonl (unprofiled steps): paired_change
+    predicted_changes: list = field(default_factory=list)  # per "before" run, its calibration's price of the
+                                                           # change (None: that run's recommendation differed)
+    measured_changes: list = field(default_factory=list)   # per pair of runs: pair_changes
     trace_change: Optional[float] = None       # from the traces' median step times (profiled steps)
     message: str = ""
     memory_before: Optional[float] = None      # measured peak memory per rank (largest), bytes
@@ -131,20 +134,36 @@ def across_runs(runs: list) -> float:
     return float(median([median(x) for x in runs if len(x)]))
 
 
+def pair_changes(before: list, after: list) -> list[float]:
+    """Per pair of runs made one after the other (before[i], then after[i]; each a list of step
+    seconds): median(after[i]) / median(before[i]) - 1 (pairs with an empty side left out)."""
+    return [float(median(a) / median(b) - 1) for b, a in zip(before, after) if len(a) and len(b)]
+
+
 def paired_change(before: list, after: list) -> float:
-    """The measured change of runs made in pairs (before[i], then after[i]; each a list of step
-    seconds): the median over the pairs of median(after[i]) / median(before[i]) - 1."""
-    return float(median([median(a) / median(b) - 1 for b, a in zip(before, after) if len(a) and len(b)]))
+    """The measured change of runs made in pairs: the median over the pairs of their change."""
+    return float(median(pair_changes(before, after)))
 
 
-def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float) -> None:
+def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float,
+           shape: Optional[dict] = None) -> Diagnosis:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
-    more list in runs) and its traced ones."""
+    more list in runs) and its traced ones; its diagnosis (with `shape`'s facts)."""
     _train(_argv(r.command, out, python), timeout)
-    d = diagnose(load_summaries(out))
+    d = diagnose(load_summaries(out), shape=shape)
     runs.append(measured_steps(out, d.run))
     traced += [s.host_s for x in d.ranks for s in x.steps]
     r.runs += 1
+    return d
+
+
+def price_again(d: Diagnosis, rec: Recommendation) -> Optional[float]:
+    """The change `rec` makes, priced by the model calibrated on another run of its configuration
+    (`d`): that run's recommendation of the same rule with the same flags, after / before - 1;
+    None where it has none (its calibration chose another value, or declined the change)."""
+    same = next((x for x in advise(d).recommendations if x.rule == rec.rule and x.flags == rec.flags
+                 and x.step_s_before and x.step_s_after is not None), None)
+    return same.step_s_after / same.step_s_before - 1 if same is not None else None
 
 
 def _traced(d: Diagnosis) -> list:
@@ -171,8 +190,9 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     `rule`), re-run, compare. memory_per_gpu (bytes): the device capacity the recommender checks
     changes against (on CPU there is none to read).
 
-    repeats > 1: both configurations are run again, alternately and without the profiler, so
-    that a change in the machine's load between runs does not pass for the recommendation's effect.
+    repeats > 1: both configurations are run again, alternately (profiled as the first runs; their
+    unprofiled steps measured), so that a change in the machine's load between runs does not pass
+    for the recommendation's effect; each "before" run prices the change again (confirm).
     """
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
     before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
@@ -187,19 +207,23 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
 
 
 def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.executable, timeout: float = 600,
-            repeats: int = 2, shape: Optional[dict] = None) -> TuneResult:
-    """Run `rec`'s command after `before` (its repeats alternating with before's), compare."""
+            repeats: int = 2, shape: Optional[dict] = None, price=None) -> TuneResult:
+    """Run `rec`'s command after `before` (its repeats alternating with before's), compare. `price`
+    (diagnosis -> change or None): how a repeat of `before` prices the change (price_again)."""
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
     tb = [measured_steps(before.out, before.diagnosis.run)]
     ta = [measured_steps(after.out, after.diagnosis.run)]
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
+    predicted = [rec.step_s_after / rec.step_s_before - 1]
     for i in range(1, repeats):
-        repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout)
+        again = repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout, shape)
+        predicted.append(price(again) if price is not None else price_again(again, rec))
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
     before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
     after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
-    res = TuneResult(before, after, rec, predicted_change=rec.step_s_after / rec.step_s_before - 1,
-                     measured_change=paired_change(tb, ta))
+    res = TuneResult(before, after, rec, predicted_change=float(median([p for p in predicted if p is not None])),
+                     measured_change=paired_change(tb, ta), predicted_changes=predicted,
+                     measured_changes=pair_changes(tb, ta))
     if before.trace_step_s and after.trace_step_s:
         res.trace_change = after.trace_step_s / before.trace_step_s - 1
     res.memory_before = measured_peak_memory(before.out, before.diagnosis)

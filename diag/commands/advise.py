@@ -66,8 +66,9 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/tune", show_default=True,
               help="Directory for the runs (before/, after/, repeats).")
 @click.option("--repeats", type=click.IntRange(1, 10), default=2, show_default=True,
-              help="Runs of each configuration, alternating in pairs (the extra ones unprofiled); the measured "
-                   "change is the median over the pairs (3 or more: one disturbed pair does not set it).")
+              help="Runs of each configuration, alternating in pairs, each profiled; the measured change is the "
+                   "median over the pairs, the predicted one the median of each 'before' run's price of it "
+                   "(3 or more: one disturbed run or pair does not set them).")
 @click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
 @click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
 @click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,

@@ -134,6 +134,14 @@ def render_comparison(c, fmt: str) -> str:
     return terminal("\n".join(out + [f"note: {n}" for n in c.notes]) + "\n")
 
 
+def _each(values: list, what: str) -> str:
+    """' (median of 3: -16.4, -15.8, n/a ... per before run)' where there is more than one value."""
+    if len(values) < 2:
+        return ""
+    words = ", ".join("n/a" if v is None else f"{100 * v:+.1f}" for v in values)
+    return f" (median of {sum(v is not None for v in values)}, per {what}: {words})"
+
+
 def render_tune(res) -> str:
     b, a, r = res.before, res.after, res.applied
     out = [f"before: {b.out}: median step {ms(b.trace_step_s)} ms profiled, {ms(b.step_s)} ms over {b.steps} "
@@ -143,7 +151,8 @@ def render_tune(res) -> str:
     out += [f"applied: {r.title} [{r.rule}]", f"  {r.flag_words}",
             f"after:  {a.out}: median step {ms(a.trace_step_s)} ms profiled, {ms(a.step_s)} ms over {a.steps} "
             f"unprofiled steps ({a.runs} runs)",
-            f"predicted change {100 * res.predicted_change:+.1f}%; measured {100 * res.measured_change:+.1f}% "
+            f"predicted change {100 * res.predicted_change:+.1f}%{_each(res.predicted_changes, 'before run')}; "
+            f"measured {100 * res.measured_change:+.1f}%{_each(res.measured_changes, 'pair of runs')} "
             "(unprofiled steps), "
             + (f"{100 * res.trace_change:+.1f}%" if res.trace_change is not None else "-")
             + " on the profiled steps"
