@@ -10,6 +10,7 @@ Hand-worked wait: a late rank holds its group's first collective of the step bac
 after it the group runs in step. So a rank outside the late set waits DELAY per step, once, in
 every analysed step (the analysis drops the last step: STEPS - 1 are analysed).
 """
+import gzip
 import json
 import os
 
@@ -36,13 +37,21 @@ W = Workload(num_layers=4, fwd_s_per_layer=1 * MS, tp_bytes_per_layer=4e6, grad_
 NOTHING = "nothing worth changing"
 
 
-def run(tmp_path, config, links, steps, delay, hosts=None):
+def run(tmp_path, config, links, steps, delay, hosts=None, header_hosts=None):
     """Simulate, write and analyse a job; hosts {rank: name} renames each rank's file as Kineto
-    names it on that host (`<host>_<pid>.<ns>.pt.trace.json`)."""
+    names it on that host (`<host>_<pid>.<ns>.pt.trace.json`); header_hosts {rank: name} writes it
+    in the trace's header instead (`host_name`, as Kineto does since 2024), the file names kept."""
     write_job(simulate(W, config, links, steps=steps, rank_delay=delay), str(tmp_path), config, W)
     for rank, host in (hosts or {}).items():
         os.rename(tmp_path / f"rank-{rank}.pt.trace.json.gz",
                   tmp_path / f"{host}_{4000 + rank}.1698955063520869240.pt.trace.json.gz")
+    for rank, host in (header_hosts or {}).items():
+        path = tmp_path / f"rank-{rank}.pt.trace.json.gz"
+        with gzip.open(path, "rt") as f:
+            trace = json.load(f)
+        trace["host_name"] = host
+        with gzip.open(path, "wt") as f:
+            json.dump(trace, f)
     return with_advice(diagnose(load_job(str(tmp_path))))
 
 
@@ -109,12 +118,12 @@ def test_two_ranks_taking_turns_are_named_together(tmp_path):
         assert waits[r] == pytest.approx(analysed / 2 * DELAY, abs=analysed * WAIT_TOL)
 
 
-def node_job(tmp_path, hosts=None):
+def node_job(tmp_path, hosts=None, header_hosts=None):
     """TP=8 x DP=2: ranks 8-15 (the second TP group, one node's GPUs) late by DELAY every step.
     Within their TP group they are late together (nobody waits); each DP all-reduce pairs rank r
     with r+8, so each of 8-15 is last once a step, in its own group: 1/8 of the waits each."""
     return run(tmp_path, Config(tp=8, dp=2, num_micro_batches=2, bucket_bytes=1e8),
-               Links(tp=200e9, dp=50e9), 5, {r: DELAY for r in range(8, 16)}, hosts)
+               Links(tp=200e9, dp=50e9), 5, {r: DELAY for r in range(8, 16)}, hosts, header_hosts)
 
 
 def test_a_slow_node_without_host_names_is_a_contiguous_block(tmp_path):
@@ -136,6 +145,29 @@ def test_a_slow_node_is_named_by_its_host(tmp_path):
     assert s.who == "ranks 8-15 (node node-b)"
     rec = next(r for r in d.recommendations if r.rule == "straggler")
     assert any(c.startswith("node node-b:") for c in rec.checks)
+
+
+def test_a_slow_node_is_named_by_the_host_in_its_traces_headers(tmp_path):
+    """Files named rank-N (torchtitan's, our trainer's): the host comes from each trace's header."""
+    d = node_job(tmp_path, header_hosts={r: "node-a" if r < 8 else "node-b" for r in range(16)})
+    s = collective_straggler(d)
+    assert (s.ranks, s.kind, s.node, s.who) == (list(range(8, 16)), StragglerKind.NODE, "node-b",
+                                                "ranks 8-15 (node node-b)")
+    assert "hosts from the traces' headers or file names" in s.reason
+
+
+@pytest.mark.parametrize("host,kind", [("node-a", StragglerKind.TURNS), ("localhost", StragglerKind.BLOCK)])
+def test_late_ranks_of_one_named_host_are_no_slow_node(tmp_path, host, kind):
+    """Every header names the same host: the late block is not a node (the traces say there is one),
+    so no "one node?" guess; `localhost` names no one machine (containers on several may all be
+    called so), so the block stays a guess."""
+    d = node_job(tmp_path, header_hosts={r: host for r in range(16)})
+    s = collective_straggler(d)
+    assert (s.ranks, s.kind, s.node) == (list(range(8, 16)), kind, None)
+    if kind == StragglerKind.TURNS:
+        assert s.who == "ranks 8-15" and s.reason.endswith("(on node-a)")
+    else:
+        assert s.who == "ranks 8-15 (one node?)"
 
 
 @pytest.mark.parametrize("tp,dp,late", [(1, 4, 2), (2, 1, 0)])

@@ -56,7 +56,7 @@ def comm_analysis(comms: list[RankComms], ranks: list[RankResult], world: Option
     steps = max((r.window_steps for r in ranks), default=0)
     ca = CommAnalysis(ops=op_stats(comms, matched, len(comms), device, link_gbps, bench),
                       axes=axis_overlap(comms, len(comms), steps), ranks=rank_comm(comms, matched))
-    ca.stragglers = collective_stragglers(comms, matched, steps, rank_hosts(ranks)) + step_stragglers(ranks)
+    ca.stragglers = collective_stragglers(comms, matched, steps, rank_hosts(ranks, clocks[0])) + step_stragglers(ranks)
     ca.stragglers_unknown = cannot_tell(comms, matched, world)
     ca.clock = align(comms)
     ca.notes += busbw_unknown_notes(ca.ops)

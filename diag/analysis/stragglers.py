@@ -6,7 +6,8 @@ Two kinds of evidence, both from durations (hosts' clocks are not aligned):
   step (a pipeline neighbour or another collective delayed it). The straggler is the smallest
   set of ranks that together caused most of the credited delay: one rank; a few that take
   turns arriving last (each host-bound in its own moments); or the ranks of one slow node,
-  which the trace file names may say (Kineto names a file `<host>_<pid>.<ns>.pt.trace.json`);
+  which the traces may say (their header's `host_name`, Kineto's since 2024, else Kineto's default
+  file name `<host>_<pid>.<ns>.pt.trace.json`; `localhost` names no one machine);
 - steps: a rank whose median step time is well above the others'.
 When no collective could be matched across ranks, nobody can tell who is late: that is said,
 not "no straggler".
@@ -289,10 +290,12 @@ def file_host(path: str, header_host: Optional[str] = None) -> Optional[str]:
     return None if host is None or ANY_HOST.match(host) else host
 
 
-def rank_hosts(ranks: list[RankResult]) -> dict[int, str]:
-    """Rank -> host, from Kineto's default file names; {} unless every rank's file says it."""
-    hosts = {r.rank: h for r in ranks if (h := _named_host(r.file))}
-    return hosts if len(hosts) == len(ranks) else {}
+def rank_hosts(ranks: list[RankResult], hosts: Optional[list] = None) -> dict[int, str]:
+    """Rank -> host: `hosts` (one per rank, in order: file_host of each trace, its header's host_name
+    else its Kineto file name), else the file names alone; {} unless every rank's says it."""
+    named = hosts if hosts is not None else [file_host(r.file) for r in ranks]
+    out = {r.rank: h for r, h in zip(ranks, named) if h}
+    return out if len(out) == len(ranks) else {}
 
 
 def _node_of(members: list[int], hosts: dict[int, str]) -> Optional[str]:
@@ -312,7 +315,7 @@ def _shape(members: list[int], hosts: dict[int, str]) -> tuple[StragglerKind, st
     node = _node_of(members, hosts)
     if node:
         return (StragglerKind.NODE, f"{who} (node {node})", f"arrive last at collectives: every rank of node "
-                f"{node} and no other (hosts from the trace file names)", node)
+                f"{node} and no other (hosts from the traces' headers or file names)", node)
     if _block(members) and not hosts:
         return (StragglerKind.BLOCK, f"{who} (one node?)", f"arrive last at collectives: a contiguous block of "
                 f"{len(members)} ranks, one node? (the traces do not say which host each rank ran on)", None)
