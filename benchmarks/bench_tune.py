@@ -130,12 +130,12 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int) -> TuneResult:
         cal = calibrate(d)
         return cal.predict(replace(cal.config, **change)) / cal.measured_step_s - 1
 
-    cal = calibrate(d)
+    cal, first = calibrate(d), price(d)
     why = next((n for n in res.message.split("; ") if n.startswith("not proposed")), "not proposed")
     rec = Recommendation(rule=rule, title=f"{' '.join(flags)} all the same ({why})",
-                         evidence=[ev("predicted step change", 100 * price(d), 0, "%")],
+                         evidence=[ev("predicted step change", 100 * first, 0, "%")],
                          flags=dict(flags), command=rerun_command(d.run.command, flags, rule),
-                         step_s_before=cal.measured_step_s, step_s_after=cal.measured_step_s * (1 + price(d)))
+                         step_s_before=cal.measured_step_s, step_s_after=cal.measured_step_s * (1 + first))
     memory, config, _, _ = mem.of_diagnosis(d)
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
