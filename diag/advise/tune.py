@@ -217,7 +217,10 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
     predicted = [rec.step_s_after / rec.step_s_before - 1]
     for i in range(1, repeats):
         again = repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout, shape)
-        predicted.append(price(again) if price is not None else price_again(again, rec))
+        try:
+            predicted.append(price(again) if price is not None else price_again(again, rec))
+        except Exception:                    # noqa: BLE001 - a repeat that cannot price loses its price only
+            predicted.append(None)
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
     before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
     after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
