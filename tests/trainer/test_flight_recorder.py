@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from diag.analysis.flightrec import flight_record
-from diag.analysis.frtimings import LATE_MS_PER_S
+from diag.analysis.frtimings import LATE_MS_PER_S, LATE_WINDOWS
 from diag.report.frfmt import fr_lines
 from trainer.test_faults import ROOT, _child_with_rank
 
@@ -95,12 +95,16 @@ def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
     assert fr.late_window_s, fr.late_basis
     width = fr.late_window_s * 1e9                        # the onset is the start of a window
     # The machine's own noise before the fault, from the raw dumps: on a loaded host a rank is late
-    # at its collectives with no fault at all; where that reaches what the analysis calls late, the
-    # injected slowdown cannot be told from it, and the test says so instead of passing or failing on luck.
+    # at its collectives with no fault at all; where that could change the analysis's verdict, the
+    # injected slowdown cannot be told from it, and the test says so instead of passing or failing on luck:
+    # rank 1 late before its fault in a window (its onset could move earlier), or rank 0 in as many
+    # windows as the analysis needs to call a rank late (at half its rate: the test's windows end at the
+    # fault, the analysis's start at the buffer's first collective)
     noise = _lateness_before(out / "flightrec", slowed_at, width)
-    if max(noise.values(), default=0.0) >= LATE_MS_PER_S:
+    if max(noise[1]) >= LATE_MS_PER_S or sum(x >= LATE_MS_PER_S / 2 for x in noise[0]) >= LATE_WINDOWS:
         pytest.skip(f"inconclusive: before the fault the ranks were already late by {noise} ms per s of run "
-                    f"(windows of {fr.late_window_s:.2f} s); the analysis calls {LATE_MS_PER_S:.0f} late")
+                    f"(windows of {fr.late_window_s:.2f} s); the analysis calls {LATE_MS_PER_S:.0f} late "
+                    f"in {LATE_WINDOWS} windows")
     assert [x.rank for x in fr.late] == [1], (fr.late, fr.late_basis, noise)
     late = fr.late[0]
     assert slowed_at - width <= late.since_ns <= slowed_at + width, (late, slowed_at, width, noise)
@@ -109,8 +113,8 @@ def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
 
 
 def _lateness_before(frdir, until_ns: float, width_ns: float) -> dict:
-    """Per rank, the largest wait of the other rank for it, in ms per s, over windows of `width_ns`
-    that end by `until_ns`: each collective both ranks recorded (its group's first left out: the
+    """Per rank, the other rank's wait for it, in ms per s, in each window of `width_ns` that ends by
+    `until_ns`: each collective both ranks recorded (its group's first left out: the
     start-up), the later entry's lead over the earlier, from the dumps' entry times (one host, one
     clock); leads of collectives in flight at once count once."""
     created = {}
@@ -139,7 +143,7 @@ def _lateness_before(frdir, until_ns: float, width_ns: float) -> dict:
                 merged.append([a, b])
         per = [sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged) / 1e6 / (hi - lo) * 1e9
                for lo, hi in zip(edges, edges[1:])]
-        out[r] = round(max(per), 1)
+        out[r] = [round(x, 1) for x in per]
     return out
 
 
