@@ -33,6 +33,7 @@ from diag.advise.memory import human  # noqa: E402
 from diag.advise.propose import ev, rerun_command  # noqa: E402
 from diag.advise.results import Recommendation  # noqa: E402
 from diag.advise.tune import TuneResult, confirm, measured_steps, tune  # noqa: E402
+from diag.report.advice import change_parts  # noqa: E402
 
 SMALL = "--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --vocab-size 256 --train-iters 14"
 # lever (rule) -> trainer flags of a job whose diagnosis trips it
@@ -83,7 +84,7 @@ def _pct(x) -> str:
 
 def _runs(values: list) -> str:
     """' (a / b / c)': per run (predictions) or pair of runs (measurements), the medians' parts."""
-    return "" if len(values) < 2 else " (" + " / ".join("n/a" if v is None else f"{100 * v:+.1f}" for v in values) + ")"
+    return "" if len(values) < 2 else f" ({change_parts(values, ' / ')})"
 
 
 def _mem(x) -> str:
@@ -126,16 +127,20 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int) -> TuneResult:
     flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
     d = res.before.diagnosis
 
-    def price(d) -> float:
+    def priced(d):                               # (calibration, predicted step after the change)
         cal = calibrate(d)
-        return cal.predict(replace(cal.config, **change)) / cal.measured_step_s - 1
+        return cal, cal.predict(replace(cal.config, **change))
 
-    cal, first = calibrate(d), price(d)
+    def price(d) -> float:
+        cal, after = priced(d)
+        return after / cal.measured_step_s - 1
+
+    cal, after = priced(d)
     why = next((n for n in res.message.split("; ") if n.startswith("not proposed")), "not proposed")
     rec = Recommendation(rule=rule, title=f"{' '.join(flags)} all the same ({why})",
-                         evidence=[ev("predicted step change", 100 * first, 0, "%")],
+                         evidence=[ev("predicted step change", 100 * (after / cal.measured_step_s - 1), 0, "%")],
                          flags=dict(flags), command=rerun_command(d.run.command, flags, rule),
-                         step_s_before=cal.measured_step_s, step_s_after=cal.measured_step_s * (1 + first))
+                         step_s_before=cal.measured_step_s, step_s_after=after)
     memory, config, _, _ = mem.of_diagnosis(d)
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total

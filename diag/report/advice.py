@@ -134,12 +134,16 @@ def render_comparison(c, fmt: str) -> str:
     return terminal("\n".join(out + [f"note: {n}" for n in c.notes]) + "\n")
 
 
+def change_parts(values: list, sep: str = ", ") -> str:
+    """The parts of a median change (tune's per run or per pair) in points: '-16.4, -15.8, n/a'."""
+    return sep.join("n/a" if v is None else f"{100 * v:+.1f}" for v in values)
+
+
 def _each(values: list, what: str) -> str:
-    """' (median of 3: -16.4, -15.8, n/a ... per before run)' where there is more than one value."""
+    """' (median of 2, per before run: -16.4, -15.8, n/a)' where there is more than one value."""
     if len(values) < 2:
         return ""
-    words = ", ".join("n/a" if v is None else f"{100 * v:+.1f}" for v in values)
-    return f" (median of {sum(v is not None for v in values)}, per {what}: {words})"
+    return f" (median of {sum(v is not None for v in values)}, per {what}: {change_parts(values)})"
 
 
 def render_tune(res) -> str:

@@ -11,9 +11,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
+from diag.analysis import intervals as iv
 from diag.analysis.flightrec import flight_record
 from diag.analysis.frtimings import LATE_MS_PER_S, LATE_OF_TYPICAL, LATE_WINDOWS
 from diag.report.frfmt import fr_lines
@@ -139,19 +141,14 @@ def _lateness_before(frdir, until_ns: float, width_ns: float, shifts: int = 4) -
     start = min(a for s in spans.values() for a, _ in s)
     out = {}
     for r, s in spans.items():
-        merged = []
-        for a, b in sorted(s):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
+        merged = iv.merge(*np.array(s, dtype=np.int64).reshape(-1, 2).T)
         out[r] = []
         for j in range(shifts):
             end = until_ns - j * width_ns / shifts
             k = max(1, int((end - start) // width_ns))    # whole windows (at least one)
-            edges = [end - (k - i) * width_ns for i in range(k + 1)]
-            out[r].append([round(sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged) / 1e6 / (hi - lo) * 1e9, 1)
-                           for lo, hi in zip(edges, edges[1:])])
+            edges = np.array([end - (k - i) * width_ns for i in range(k + 1)]).astype(np.int64)
+            covered = iv.lengths_in_windows(merged, edges[:-1], edges[1:])
+            out[r].append([round(float(x), 1) for x in covered / 1e6 / (width_ns / 1e9)])
     return out
 
 
