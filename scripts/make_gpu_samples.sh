@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU sample traces: the instrumented trainer on CUDA with NCCL, bf16, the profiler's CPU and
 # CUDA activities on. Usage: scripts/make_gpu_samples.sh OUTDIR [JOB...]  (jobs: single, dp2,
-# tp2_pp2_dp2, tp2_sp_zero3, launch_bound; default all). Each job's directory gets COMMAND, stdout.txt and
+# tp2_pp2_dp2, tp2_sp_zero3, launch_bound, pp2_memory; default all). Each job's directory gets COMMAND, stdout.txt and
 # diag's analysis (analyze.txt, recommend.txt) made on the same machine.
 #
 # With fewer GPUs than ranks, the trainer puts ranks on GPU (local rank mod GPUs) and gives each
@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${1:?usage: $0 OUTDIR [JOB...]}"; shift
-JOBS=("$@"); [ ${#JOBS[@]} -eq 0 ] && JOBS=(single dp2 tp2_pp2_dp2 tp2_sp_zero3 launch_bound)
+JOBS=("$@"); [ ${#JOBS[@]} -eq 0 ] && JOBS=(single dp2 tp2_pp2_dp2 tp2_sp_zero3 launch_bound pp2_memory)
 PYTHON="${PYTHON:-python3}"
 LIMIT="${LIMIT:-240}"    # seconds per job
 mkdir -p "$OUTDIR"
@@ -58,6 +58,18 @@ for j in "${JOBS[@]}"; do
     launch_bound) ACTIVE=2 job launch_bound --nproc 1 --num-layers 4 --hidden-size 512 --num-attention-heads 8 \
                     --seq-length 512 --vocab-size 32000 --seed 1234 --device cuda --dtype bf16 \
                     --micro-batch-size 2 --global-batch-size 16 ;;
+    # PP=2, 1F1B over 4 micro-batches, with the profiler's memory events (profile_memory): the CUDA
+    # allocator's total over time per stage, stage 0 holding two micro-batches' activations, stage 1 one.
+    # variants/: the same job under the other schedules and with full recompute, for the memory
+    # model's predictions against the allocator's peaks (tests/test_gpu_memory.py).
+    pp2_memory) PP2M=(--nproc 2 "${MID[@]}" --pipeline-model-parallel-size 2 --micro-batch-size 2
+                      --global-batch-size 8 --profile-memory)
+                job pp2_memory "${PP2M[@]}"
+                job pp2_memory/variants/gpipe "${PP2M[@]}" --pipeline-schedule gpipe
+                job pp2_memory/variants/interleaved "${PP2M[@]}" --pipeline-schedule interleaved-1f1b \
+                  --num-layers-per-virtual-pipeline-stage 1
+                job pp2_memory/variants/zb1p "${PP2M[@]}" --pipeline-schedule zb1p
+                job pp2_memory/variants/recompute "${PP2M[@]}" --recompute-granularity full ;;
     *) echo "unknown job $j" >&2; exit 2 ;;
   esac
 done

@@ -196,19 +196,19 @@ def _raw_gpu_split(path: str) -> tuple[float, float, float]:
 
 
 def test_real_gpu_trace_against_its_raw_events():
-    """The H100 GPT sample (12 layers, bf16): the backward's kernels and their linear layers' part."""
-    path = "sample_traces/h100_single/rank-0.pt.trace.json.gz"
+    """The H200 GPT sample (12 layers, bf16): the backward's kernels and their linear layers' part."""
+    path = "sample_traces/h200_single/rank-0.pt.trace.json.gz"
     _matches(summarize(load_job(path).ranks[0]).result.backward, _raw_gpu_split(path), rel=1e-3, only_abs=1e-6)
 
 
 def test_gpu_rows_launches_are_the_runtime_calls_of_their_correlation():
     """hostlink.launches, through the table's launch_index (sorted once per table): each GPU row's
     launch is the first runtime row of the same correlation id, found by brute force here on the
-    H100 sample; (-1, -1) where none is. A second look-up gives the same."""
+    H200 sample; (-1, -1) where none is. A second look-up gives the same."""
     from diag.analysis.hostlink import launches
     from diag.trace.kinds import Kind
 
-    t = load_job("sample_traces/h100_single/rank-0.pt.trace.json.gz").ranks[0].events
+    t = load_job("sample_traces/h200_single/rank-0.pt.trace.json.gz").ranks[0].events
     first: dict = {}
     for r in np.flatnonzero(t.kind == Kind.RUNTIME).tolist():
         if t.correlation[r] >= 0:

@@ -113,7 +113,7 @@ def test_a_batch_of_sends_and_recvs_is_matched_op_by_op(tmp_path):
 
 
 def test_nccl_batch_closers_recorded_as_collectives_stay_with_their_batch():
-    """The H100 sample's dumps (sample_traces/h100_tp2_pp2_dp2; torch 2.11, NCCL 2.28): each batch
+    """The H200 sample's dumps (sample_traces/h200_tp2_pp2_dp2; torch 2.11, NCCL 2.28): each batch
     of the pipeline's sends and recvs is closed by a `nccl:coalesced` entry that is *not* marked
     p2p and has collective_seq_id 0; the parts stay `scheduled`, only the closer completes. Matched
     as collectives, the closers made a 'pp:coalesced' row of every batch paired by that 0. Truth
@@ -122,7 +122,7 @@ def test_nccl_batch_closers_recorded_as_collectives_stay_with_their_batch():
     from conftest import ROOT
     from diag.trace.flightrec import read_dump
 
-    folder = os.path.join(ROOT, "sample_traces", "h100_tp2_pp2_dp2", "flightrec")
+    folder = os.path.join(ROOT, "sample_traces", "h200_tp2_pp2_dp2", "flightrec")
     raw = json.load(open(os.path.join(folder, "rank-0.json")))["entries"]
     closers = [e for e in raw if e["profiling_name"] == "nccl:coalesced" and e["process_group"][1] == "mesh_pp"]
     assert closers and not any(e["is_p2p"] for e in closers)       # the case under test

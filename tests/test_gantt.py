@@ -126,7 +126,7 @@ def test_coalesce_joins_short_gaps_between_one_kind():
     assert [(s.kind, s.start_s, s.end_s) for s in got] == [(k, pytest.approx(a), pytest.approx(b)) for k, a, b in want]
 
 
-@pytest.mark.parametrize("sample", ["tp2_pp2_dp2", "h100_tp2_pp2_dp2", "pp2_m2", "h100_single"])
+@pytest.mark.parametrize("sample", ["tp2_pp2_dp2", "h200_tp2_pp2_dp2", "pp2_m2", "h200_single"])
 def test_step_segments_are_the_two_loops(sample, monkeypatch):
     """step_segments (numpy) makes what segments then coalesce make, to the bit, on every row the
     diagnosis draws of CPU and GPU samples, at the diagnosis's idle threshold and at others."""

@@ -153,12 +153,12 @@ def test_the_trainers_own_summaries_give_the_full_analysis(runs):
 
 
 def test_nccl_batched_pipeline_transfers_have_their_axis_and_size():
-    """torch 2.11 + NCCL 2.28 on an H100 (sample_traces/h100_tp2_pp2_dp2): pipelining batches a
+    """torch 2.11 + NCCL 2.28 on an H200 (sample_traces/h200_tp2_pp2_dp2): pipelining batches a
     stage's sends and receives (batch_isend_irecv), NCCL runs each batch as one
     `ncclDevKernel_SendRecv` kernel launched in `nccl:coalesced`, and neither carries args; the
     parts' `record_param_comms` (group, size) name them. Truth from the raw events: every rank's
     SendRecv kernels are counted, and the size is the one the trainer's pp labels give."""
-    path = os.path.join(ROOT, "sample_traces", "h100_tp2_pp2_dp2")
+    path = os.path.join(ROOT, "sample_traces", "h200_tp2_pp2_dp2")
     kernels, sizes = 0, set()
     for r in range(8):
         with gzip.open(os.path.join(path, f"rank-{r}.pt.trace.json.gz")) as f:

@@ -245,9 +245,9 @@ def test_a_dump_records_why_and_when_and_still_reads_as_torchs(tmp_path):
 
 
 def test_an_nccl_job_dumps_nccls_own_recorder():
-    """A CUDA build keeps NCCL's collectives in a recorder of its own: on an H100 (torch 2.11) the
+    """A CUDA build keeps NCCL's collectives in a recorder of its own: on an H100 and an H200 (torch 2.11) the
     generic dump of an NCCL job was empty ('entries' absent), NCCL's held every collective
-    (sample_traces/h100_*/flightrec). NCCL's is taken when it recorded anything, else the generic
+    (sample_traces/h200_*/flightrec). NCCL's is taken when it recorded anything, else the generic
     one (gloo's; the CPU build has no NCCL recorder at all)."""
     from types import SimpleNamespace
 

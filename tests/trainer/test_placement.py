@@ -1,6 +1,6 @@
 """Which GPU a rank takes (instrumented_trainer.launch.gpu_for): its local rank, or with more
 local ranks than GPUs, local rank mod GPUs and an NCCL host identity of its own (NCCL refuses
-two ranks of one host on one GPU). The sharing itself ran on an H100 (sample_traces/h100_*)."""
+two ranks of one host on one GPU). The sharing itself ran on an H100 and an H200 (sample_traces/h200_*)."""
 import pytest
 
 from instrumented_trainer.launch import gpu_for
