@@ -107,8 +107,8 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
     return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced: where actions "
             "take a few ms it outweighs the bubble removed (measured on CPU, ~2 ms actions: interleaved 1F1B "
             "+17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms actions ZB1P measured -21% "
-            "against -19% predicted, and interleaved 1F1B fell short of its prediction (over five runs its pairs of "
-            "runs measured -19.5..+15.5%, median -10.3%, against -15.3..-16.4% predicted; benchmarks/README.md)")
+            "against -19% predicted, and interleaved 1F1B fell short of its prediction (over six runs its 20 pairs of "
+            "runs measured -19.5..+15.5%, median -10.1%, against -14.1..-16.4% predicted; benchmarks/README.md)")
 
 
 def _host_overlap_caveat(ctx: Context) -> Optional[str]:
