@@ -127,24 +127,21 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int) -> TuneResult:
     flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
     d = res.before.diagnosis
 
-    def priced(d):                               # (calibration, predicted step after the change)
+    def priced(d):                               # (calibration, predicted step after the change, the change)
         cal = calibrate(d)
-        return cal, cal.predict(replace(cal.config, **change))
+        after = cal.predict(replace(cal.config, **change))
+        return cal, after, after / cal.measured_step_s - 1
 
-    def price(d) -> float:
-        cal, after = priced(d)
-        return after / cal.measured_step_s - 1
-
-    cal, after = priced(d)
+    cal, after, first = priced(d)
     why = next((n for n in res.message.split("; ") if n.startswith("not proposed")), "not proposed")
     rec = Recommendation(rule=rule, title=f"{' '.join(flags)} all the same ({why})",
-                         evidence=[ev("predicted step change", 100 * (after / cal.measured_step_s - 1), 0, "%")],
+                         evidence=[ev("predicted step change", 100 * first, 0, "%")],
                          flags=dict(flags), command=rerun_command(d.run.command, flags, rule),
                          step_s_before=cal.measured_step_s, step_s_after=after)
     memory, config, _, _ = mem.of_diagnosis(d)
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
-    return confirm(res.before, rec, out, repeats=repeats, price=price)
+    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2])
 
 
 def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Namespace, list[str]]:

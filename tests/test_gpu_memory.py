@@ -11,7 +11,6 @@ Three things, each against a reference the test reads itself:
   15% (issue #19's goal), and the stage that sets the job's peak within 5%."""
 from __future__ import annotations
 
-import gzip
 import json
 import os
 
@@ -20,6 +19,7 @@ import pytest
 from conftest import DATA
 from diag.advise import memory as mem
 from diag.runinputs import RunInputs, open_run
+from test_trace_memory import true_peak
 
 ROOT = os.path.dirname(DATA.rstrip("/").rsplit("/", 1)[0])
 BASE = os.path.join(ROOT, "sample_traces", "h200_pp2_memory")
@@ -27,14 +27,6 @@ VARIANTS = {"gpipe": {"schedule": "gpipe"}, "interleaved": {"schedule": "interle
             "zb1p": {"schedule": "zb1p"}, "recompute": {"recompute": "full"}}
 RUNS = [BASE] + [os.path.join(BASE, "variants", v) for v in VARIANTS]
 MiB = 1 << 20
-
-
-def _raw_cuda_peak(path: str) -> int:
-    """The largest `Total Allocated` of the CUDA allocator (Device Type 1) in a rank's trace."""
-    with gzip.open(path) as f:
-        events = json.load(f)["traceEvents"]
-    return max(e["args"]["Total Allocated"] for e in events
-               if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 1)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +41,7 @@ def test_peak_per_rank_is_the_allocators(runs, path):
     for r in d.memory.ranks:
         assert r.device == "GPU 0" and not r.lower_bound and r.events > 1000
         assert r.stage == r.rank                     # PP2 over two ranks
-        assert r.peak_bytes == _raw_cuda_peak(os.path.join(path, f"rank-{r.rank}.pt.trace.json.gz"))
+        assert r.peak_bytes == true_peak(os.path.join(path, f"rank-{r.rank}.pt.trace.json.gz"), gpu=True, device_id=0)
     with open(os.path.join(path, "diag_run.json")) as f:
         allocator = json.load(f)["peak_memory_bytes"]       # torch.cuda.max_memory_allocated, MAX over ranks
     traced = max(r.peak_bytes for r in d.memory.ranks)

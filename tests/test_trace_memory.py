@@ -41,9 +41,14 @@ def _events(path: str) -> list[dict]:
 
 def true_peak(path: str, gpu: bool, device_id: int = -1) -> int:
     """The largest Total Allocated of the device's `[memory]` events before the start of the last
-    ProfilerStep (the analysed window), from the raw JSON."""
+    ProfilerStep (the analysed window), from the raw JSON. A step is counted once, where it starts
+    first: a GPU trace also carries each ProfilerStep as a GPU annotation."""
     evs = _events(path)
-    starts = sorted(e["ts"] for e in evs if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    first: dict = {}
+    for e in evs:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+            first[e["name"]] = min(e["ts"], first.get(e["name"], e["ts"]))
+    starts = sorted(first.values())
     end = starts[-1] if len(starts) >= 2 else float("inf")
     return max(e["args"]["Total Allocated"] for e in evs
                if e.get("ph") == "i" and e.get("name") == "[memory]" and e["ts"] < end
