@@ -105,27 +105,44 @@ def _params(*extra: str) -> int:
     return job_from_args(build_parser().parse_args([*TINY, *extra]), 2, []).model.parameter_count()
 
 
+def _fsdp_unit_bytes() -> tuple[int, int, int]:
+    """fp32 bytes of one FSDP2 unit's unsharded gradient: (a transformer layer, the root), and the
+    number of layers. Worked by
+    hand for the tiny model (FFN 4h): two LayerNorms (2h each), QKV (3h^2 + 3h), the attention
+    output (h^2 + h), fc1 (4h^2 + 4h) and fc2 (4h^2 + h): 12h^2 + 13h a layer; the root holds the
+    rest of the model (embeddings, final norm, head)."""
+    from instrumented_trainer.cli import build_parser, job_from_args
+
+    model = job_from_args(build_parser().parse_args(TINY), 2, []).model
+    h = model.hidden_size
+    layer = 12 * h * h + 13 * h
+    return 4 * layer, 4 * (_params() - model.num_layers * layer), model.num_layers
+
+
 @pytest.mark.slow
 def test_zero_stages_lower_the_peak_by_what_they_shard(peaks):
     """fp32 AdamW, DP = 2, against replicated DP: ZeRO-1 shards the states (8 B/param: half
     stays), ZeRO-2 also the gradients (4 B/param), ZeRO-3 also the weights (4 B/param).
-    ZeRO-1 moves only persistent bytes and is met to within the 4 B `step` tensors. ZeRO-2/3
-    change what is live at the peak in more ways than the sharded bytes (FSDP2's unsharded
-    weights of the layers in flight and its reduce-scatter buffers replace the replicated DP
-    sync's gradient buckets), and FSDP2's figures vary from run to run: when gloo's background
-    work frees the gathered and reduce-scattered buffers is a matter of timing. Measured ZeRO-3
-    savings on this 2-core machine: 94% of the arithmetic in one clean-clone run, 55% in another
-    (its peak above ZeRO-2's), 21% in a third; single runs here 48-78%, so its peak is the smaller
-    of two runs' (RUNS). So the savings are checked to the arithmetic's size (ZeRO-2 +-40%,
-    ZeRO-3 -60%..+40%) and their direction, not to the byte, and ZeRO-2/3 are not ordered against
-    ZeRO-1 (at this size a layer's unsharded buffers are as large as what ZeRO-1 saves)."""
+    ZeRO-1 moves only persistent bytes and is met to within the 4 B `step` tensors.
+    ZeRO-2 meets the arithmetic to the byte but for whole FSDP2 units' unsharded gradients that
+    are still alive at the peak: which of them (none to all) is a matter of when gloo's
+    background work finishes their reduce-scatters, so it moves from run to run (12 readings on
+    this machine: 0, 1, 2, 3 or 4 layers' 199,936 B, once with the root's 74,240 B; a clean-clone
+    CI read 3 layers). So the test checks that the excess is such a sum, not a fixed one.
+    ZeRO-3 also holds the gathered weights of the layers in flight and FSDP2's all-gather buffers,
+    whose sum does not fall on that lattice (its savings read 21-94% of the arithmetic over
+    clean-clone runs, so its peak is the smaller of two runs', RUNS): checked to the arithmetic's
+    size (-60%..+40%) and direction, and ZeRO-2/3 are not ordered against ZeRO-1 (at this size a
+    layer's unsharded buffers are as large as what ZeRO-1 saves)."""
     n, dp = _params(), 2
     states, grads, weights = 8 * n, 4 * n, 4 * n
     base = peaks["no sharding"]
-    zero1, zero2, zero3 = (base - peaks[k] for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3"))
+    zero1, zero3 = (base - peaks[k] for k in ("ZeRO-1", "ZeRO-3"))
     assert abs(zero1 - states / dp) <= 0.01 * states / dp, (zero1, states / dp)
-    expected2 = (states + grads) / dp
-    assert 0.6 * expected2 <= zero2 <= 1.4 * expected2, (zero2, expected2)
+    layer, root, layers = _fsdp_unit_bytes()
+    excess2 = peaks["ZeRO-2"] - (base - (states + grads) // dp)
+    sums = [k * layer + j * root for k in range(layers + 1) for j in (0, 1)]
+    assert min(abs(excess2 - s) for s in sums) <= 16, (excess2, layer, root, sums)
     expected3 = (states + grads + weights) / dp
     assert 0.4 * expected3 <= zero3 <= 1.4 * expected3, (zero3, expected3)
     assert max(peaks["ZeRO-2"], peaks["ZeRO-3"], peaks["ZeRO-1"]) < base
