@@ -17,7 +17,7 @@ import pytest
 
 from diag.analysis import intervals as iv
 from diag.analysis.flightrec import flight_record
-from diag.analysis.frtimings import LATE_MS_PER_S, LATE_OF_TYPICAL, LATE_WINDOWS
+from diag.analysis.frtimings import LATE_LEAD, LATE_MS_PER_S, LATE_OF_TYPICAL, LATE_WINDOWS
 from diag.report.frfmt import fr_lines
 from trainer.test_faults import ROOT, _child_with_rank
 
@@ -100,14 +100,16 @@ def test_rank_slowed_after_n_steps_is_named_from_end_dumps(tmp_path):
     # at its collectives with no fault at all; where that could change the analysis's verdict, the
     # injected slowdown cannot be told from it, and the test says so instead of passing or failing on luck:
     # rank 1 late before its fault in a window as the analysis counts a window into a slowdown (its onset
-    # could move earlier: late, and at least LATE_OF_TYPICAL of its rate once slowed), or rank 0 in as
-    # many windows as the analysis needs to call a rank late (windows laid four ways ending at the fault,
-    # and the analysis's own, whose last one may straddle the fault: a clean-clone CI read rank 0 late
-    # in the analysis's first two windows, one of them only in its part before the fault)
+    # could move earlier: late, and at least LATE_OF_TYPICAL of its rate once slowed; windows laid four
+    # ways ending at the fault, and the analysis's own), or rank 0 late as the analysis calls a window
+    # late (LATE_MS_PER_S, LATE_LEAD times rank 1's) in as many of the analysis's own windows as it needs
+    # to call a rank late. In those windows only the waits before the fault count: the last may straddle
+    # it, and a clean-clone CI read rank 0 late in windows 1-2, the second late in its part before the fault.
     noise = _lateness_before(out / "flightrec", slowed_at, width)
     slowed = next((x.waited_after_ms_per_s for x in fr.late if x.rank == 1), 0.0)
+    own = zip(noise[0][-1], noise[1][-1])                 # the analysis's windows: (rank 0, rank 1)
     if (max(max(w) for w in noise[1]) >= max(LATE_MS_PER_S, LATE_OF_TYPICAL * slowed)
-            or max(sum(x >= LATE_MS_PER_S for x in w) for w in noise[0]) >= LATE_WINDOWS):
+            or sum(r0 >= LATE_MS_PER_S and r0 >= LATE_LEAD * r1 for r0, r1 in own) >= LATE_WINDOWS):
         worst = {r: max(max(w) for w in ws) for r, ws in noise.items()}
         pytest.skip(f"inconclusive: before the fault the ranks were already late by up to {worst} ms per s of run "
                     f"(windows of {fr.late_window_s:.2f} s; rank 1 once slowed: {slowed:.0f}); the analysis calls "

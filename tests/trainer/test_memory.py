@@ -126,9 +126,9 @@ def test_zero_stages_lower_the_peak_by_what_they_shard(peaks):
     ZeRO-1 moves only persistent bytes and is met to within the 4 B `step` tensors.
     ZeRO-2 meets the arithmetic to the byte but for whole FSDP2 units' unsharded gradients that
     are still alive at the peak: which of them (none to all) is a matter of when gloo's
-    background work finishes their reduce-scatters, so it moves from run to run (12 readings on
-    this machine: 0, 1, 2, 3 or 4 layers' 199,936 B, once with the root's 74,240 B; a clean-clone
-    CI read 3 layers). So the test checks that the excess is such a sum, not a fixed one.
+    background work finishes their reduce-scatters, so it moves from run to run (44 readings on
+    this machine, 32 of them beside a full test run: 0, 1, 2, 3 or 4 layers' 199,936 B, four times
+    with the root's 74,240 B, every one to 4 bytes; a clean-clone CI read 3 layers). So the test checks that the excess is such a sum, not a fixed one.
     ZeRO-3 also holds the gathered weights of the layers in flight and FSDP2's all-gather buffers,
     whose sum does not fall on that lattice (its savings read 21-94% of the arithmetic over
     clean-clone runs, so its peak is the smaller of two runs', RUNS): checked to the arithmetic's
