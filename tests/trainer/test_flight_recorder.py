@@ -125,10 +125,10 @@ def _lateness_before(frdir, until_ns: float, width_ns: float, shifts: int = 4) -
     """Per rank, the other rank's wait for it, in ms per s, in windows of `width_ns` that end by
     `until_ns`, laid `shifts` ways (ending at `until_ns`, then each a 1/shifts of a window earlier),
     and last the analysis's own windows (from the buffer's first counted collective on), of which
-    only the waits before `until_ns` count: {rank: [[rate per window], ...]}. Each
-    collective both ranks recorded (its group's first left out: the start-up), the later entry's lead
-    over the earlier, from the dumps' entry times (one host, one clock); leads of collectives in flight
-    at once count once."""
+    only the waits before `until_ns` count: {rank: [[rate per window], ...]}. Each collective both
+    ranks recorded (its group's first left out: the start-up), the later entry's lead over the
+    earlier, from the dumps' entry times (one host, one clock); leads of collectives in flight at
+    once count once."""
     created = {}
     for r in (0, 1):
         for e in json.loads((frdir / f"rank-{r}.json").read_text())["entries"]:
@@ -143,20 +143,19 @@ def _lateness_before(frdir, until_ns: float, width_ns: float, shifts: int = 4) -
             late = max(t, key=t.get)
             spans[late].append((min(t.values()), max(t.values())))
     start = min(a for s in spans.values() for a, _ in s)
+    layouts = []                                          # each layout's window edges, the same for both ranks
+    for j in range(shifts):
+        end = until_ns - j * width_ns / shifts
+        k = max(1, int((end - start) // width_ns))        # whole windows (at least one)
+        layouts.append(np.array([end - (k - i) * width_ns for i in range(k + 1)]).astype(np.int64))
+    k = max(1, int(np.ceil((until_ns - start) / width_ns)))
+    layouts.append(np.array([start + i * width_ns for i in range(k + 1)]).astype(np.int64))
     out = {}
     for r, s in spans.items():
-        merged = iv.merge(*np.array(s, dtype=np.int64).reshape(-1, 2).T)
-        out[r] = []
-        for j in range(shifts):
-            end = until_ns - j * width_ns / shifts
-            k = max(1, int((end - start) // width_ns))    # whole windows (at least one)
-            edges = np.array([end - (k - i) * width_ns for i in range(k + 1)]).astype(np.int64)
-            covered = iv.lengths_in_windows(merged, edges[:-1], edges[1:])
-            out[r].append([round(float(x), 1) for x in covered / 1e6 / (width_ns / 1e9)])
-        k = max(1, int(np.ceil((until_ns - start) / width_ns)))
-        edges = np.array([start + i * width_ns for i in range(k + 1)]).astype(np.int64)
-        covered = iv.lengths_in_windows(iv.clip(merged, start, int(until_ns)), edges[:-1], edges[1:])
-        out[r].append([round(float(x), 1) for x in covered / 1e6 / (width_ns / 1e9)])
+        # only the waits before the fault: the fault-aligned windows end by it, the analysis's last may not
+        before = iv.clip(iv.merge(*np.array(s, dtype=np.int64).reshape(-1, 2).T), start, int(until_ns))
+        out[r] = [[round(float(x), 1) for x in iv.lengths_in_windows(before, e[:-1], e[1:]) / 1e6 / (width_ns / 1e9)]
+                  for e in layouts]
     return out
 
 

@@ -107,16 +107,15 @@ def _params(*extra: str) -> int:
 
 def _fsdp_unit_bytes() -> tuple[int, int, int]:
     """fp32 bytes of one FSDP2 unit's unsharded gradient: (a transformer layer, the root), and the
-    number of layers. Worked by
-    hand for the tiny model (FFN 4h): two LayerNorms (2h each), QKV (3h^2 + 3h), the attention
-    output (h^2 + h), fc1 (4h^2 + 4h) and fc2 (4h^2 + h): 12h^2 + 13h a layer; the root holds the
-    rest of the model (embeddings, final norm, head)."""
+    number of layers. Worked by hand for the tiny model (FFN 4h): two LayerNorms (2h each), QKV
+    (3h^2 + 3h), the attention output (h^2 + h), fc1 (4h^2 + 4h) and fc2 (4h^2 + h): 12h^2 + 13h
+    a layer; the root holds the rest of the model (embeddings, final norm, head)."""
     from instrumented_trainer.cli import build_parser, job_from_args
 
     model = job_from_args(build_parser().parse_args(TINY), 2, []).model
     h = model.hidden_size
     layer = 12 * h * h + 13 * h
-    return 4 * layer, 4 * (_params() - model.num_layers * layer), model.num_layers
+    return 4 * layer, 4 * (model.parameter_count() - model.num_layers * layer), model.num_layers
 
 
 @pytest.mark.slow
@@ -128,7 +127,8 @@ def test_zero_stages_lower_the_peak_by_what_they_shard(peaks):
     are still alive at the peak: which of them (none to all) is a matter of when gloo's
     background work finishes their reduce-scatters, so it moves from run to run (44 readings on
     this machine, 32 of them beside a full test run: 0, 1, 2, 3 or 4 layers' 199,936 B, four times
-    with the root's 74,240 B, every one to 4 bytes; a clean-clone CI read 3 layers). So the test checks that the excess is such a sum, not a fixed one.
+    with the root's 74,240 B, every one to 4 bytes; a clean-clone CI read 3 layers). So the test
+    checks that the excess is such a sum, not a fixed one.
     ZeRO-3 also holds the gathered weights of the layers in flight and FSDP2's all-gather buffers,
     whose sum does not fall on that lattice (its savings read 21-94% of the arithmetic over
     clean-clone runs, so its peak is the smaller of two runs', RUNS): checked to the arithmetic's
