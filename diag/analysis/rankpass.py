@@ -27,7 +27,7 @@ from .layoutfind import compact_pg_config
 from .ppactions import PPTrace, read_rank
 from .results import RankResult, StepTime
 from .shapes import attention_kind
-from .steps import window_of
+from .steps import stub_last, window_of
 from ..record import record
 
 # DTensor's dispatch marks: its aten::linear carries the global (unsharded) weight, its local
@@ -95,6 +95,11 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
                           in_window=i in in_window, exposed_comm_s=exposed.get(i))
                  for i in range(len(steps))]
     notes = []
+    timed = step_list
+    if stub_last(t, steps):
+        timed = step_list[:-1]
+        notes.append(f"ProfilerStep#{step_list[-1].number} ({step_list[-1].host_s * 1e3:.3g} ms) holds no operator: "
+                     "a stub the profiler opened as it stopped, left out of the step time")
     if w.excluded_rows:
         notes.append(f"{w.excluded_rows} {timeline} events left out of the window: {w.excluded_why}")
     notes += [f"{n} {what}" for what, n in rt.skipped.items()]
@@ -103,7 +108,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
     result = RankResult(
         rank=rank, file=rt.path, device=device_name(rt), timeline=timeline,
         breakdown=breakdown, overlap=overlap, steps=step_list,
-        step_time_s=float(median([s.host_s for s in step_list])) if step_list else None,
+        step_time_s=float(median([s.host_s for s in timed])) if timed else None,
         top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
         host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None,
