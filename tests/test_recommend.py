@@ -339,3 +339,41 @@ def test_schedule_changes_on_a_cpu_timeline_are_low_confidence_and_say_why():
     for rule in ("zero_bubble", "interleave"):
         assert recs[rule].confidence == "low"
         assert any("pipelining runtime's extra host work" in a for a in recs[rule].assumptions)
+
+
+def test_a_loss_whose_every_change_prices_no_gain_is_said_not_dropped():
+    """sample_traces/h200_tp2_sp_zero3 (TP 2 x ZeRO-3 DP 2, four ranks on one H200, NCCL over sockets):
+    exposed TP communication is 74% of the step, and the tp_layout rule's candidates (TP 1 x PP 2,
+    TP 1 x DP 4) both price slower, ZeRO-3's all-gathers at its measured 0.7 GB/s growing with the
+    unsharded layer. The advice said "nothing worth changing: no measured loss crossed a rule's
+    threshold, or ..."; it now names the change, its price (the model's, recomputed here) and the
+    evidence that called for it."""
+    d = diagnose(load_job("sample_traces/h200_tp2_sp_zero3"))
+    a = advise(d)
+    assert a.recommendations == [] and "measured losses crossed rules' thresholds" in a.nothing
+    cal = calibrate(d)
+    c = cal.config
+    assert (c.tp, c.pp, c.dp, c.num_micro_batches) == (2, 1, 2, 2)
+    prices = {"TP 1 x PP 2 x DP 2": cal.predict(replace(c, tp=1, pp=2), None, {}),
+              "TP 1 x PP 1 x DP 4": cal.predict(replace(c, tp=1, dp=4, num_micro_batches=1), None, {})}
+    best = min(prices, key=prices.get)
+    assert prices[best] > a.measured_step_s
+    exposed = next(x for x in d.comm.axes if x.axis == "tp").exposed_per_step_s
+    assert exposed > 0.7 * a.measured_step_s
+    want = (f"not proposed: {best} instead of TP 2 x PP 1 x DP 2 ({100 * (prices[best] / a.measured_step_s - 1):+.1f}% "
+            f"predicted: no faster); exposed TP communication = {exposed * 1e3:.3g} ms/step (threshold "
+            f"{0.1 * a.measured_step_s * 1e3:.3g} ms/step)")
+    assert want in a.calibration
+
+
+def test_a_change_priced_under_two_percent_is_said_with_its_price():
+    """dlrm 4 ranks (fp32): the fp32 GEMMs are 59.8% of compute kernel time, over the 30% threshold;
+    bf16 is priced at -1.1%, under the 2% a re-run is worth: said, not proposed."""
+    d = diagnose(load_job("tests/data/dlrm_4_ranks_alltoall"))
+    a = advise(d)
+    assert not any(r.rule == "bf16" for r in a.recommendations)
+    note = next(n for n in a.calibration if n.startswith("not proposed: bf16 mixed precision"))
+    pct = float(note.split("(")[1].split("%")[0])
+    assert -2.0 < pct < 0.0
+    assert note.endswith("predicted: under the 2% a re-run is worth); fp32 GEMM share of compute kernel time, "
+                         "rank 0 = 59.8% (threshold 30.0%)")

@@ -26,6 +26,11 @@ def ev(metric: str, value: float, threshold: float, unit: str, source: str = "")
     return Evidence(metric=metric, value=float(value), threshold=float(threshold), unit=unit, source=source)
 
 
+def _amount(x: float, unit: str) -> str:
+    return f"{100 * x:.1f}%" if unit.startswith("fraction") else \
+        f"{x:.3g}" if unit == "ratio" else f"{x:.3g} {unit}"
+
+
 def rerun_command(command: Optional[str], flags: dict, rule: str) -> Optional[str]:
     """The run's command with `flags` set (value "" = a switch, None = removed) and a new --out."""
     if not command:
@@ -126,6 +131,7 @@ class Context:
              workload=None, **kw) -> list[Recommendation]:
         """One recommendation, or none when the predicted gain is below MIN_GAIN."""
         if after is not None and self.step_s and rule != "straggler" and after > self.step_s * (1 - MIN_GAIN):
+            self._decline(title, after, evidence)
             return []
         conf = confidence or (_confidence(self.cal.fit_error) if self.cal else "low")
         runnable = kw.pop("runnable", True)
@@ -140,6 +146,19 @@ class Context:
                              confidence=conf, runnable=runnable, assumptions=list(assumptions), **kw)
         moves = config is not None or memory is not None
         return [rec] if not moves or self._memory(rec, config, workload, memory or {}) else []
+
+    def _decline(self, title: str, after: float, evidence: list) -> None:
+        """A change a rule's evidence called for that the model prices under MIN_GAIN: said with its
+        price and the evidence (Advice's "not proposed" notes), not dropped without a word, so a run
+        whose losses crossed thresholds does not read as one with nothing to look at."""
+        if not self.step_s:
+            return
+        change = after / self.step_s - 1
+        price = (f"{100 * change:+.1f}% predicted: " + ("no faster" if change >= 0 else
+                 f"under the {MIN_GAIN:.0%} a re-run is worth"))
+        seen = "".join(f"; {e.metric} = {_amount(e.value, e.unit)} (threshold {_amount(e.threshold, e.unit)})"
+                       for e in evidence[:1])
+        self.declined.append(f"{title} ({price}){seen}")
 
     def best(self, rule: str, candidates: list, evidence: list, title: Callable, slowdown=None,
              prefer: Optional[Callable] = None, **kw) -> list[Recommendation]:
@@ -157,8 +176,9 @@ class Context:
         if not priced:
             return []
         after, config, flags, work = min(priced, key=lambda x: x[0])
-        if self.step_s and after >= self.step_s:
-            return []                                # no candidate is predicted to be faster
+        if self.step_s and after >= self.step_s:    # no candidate is predicted to be faster
+            self._decline(title(config), after, evidence)
+            return []
         if prefer is not None and self.step_s:      # the smallest change that gets most of the best gain
             enough = [x for x in priced if self.step_s - x[0] >= PREFER_SHARE * (self.step_s - after)]
             after, config, flags, work = min(enough, key=lambda x: prefer(x[1]))

@@ -42,7 +42,10 @@ def advise(d: Diagnosis) -> Advice:
     notes += [f"dropped, does not fit: {x}" for x in ctx.dropped]
     notes += [DECLINED + x for x in ctx.declined]
     nothing = None
-    if not recs:
+    if not recs and ctx.declined:
+        nothing = ("nothing worth changing: measured losses crossed rules' thresholds, but the model prices every "
+                   "change they call for under 2% of the step (each with its price: \"not proposed\" below)")
+    elif not recs:
         nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "
                    "every candidate change under 2% of the step (thresholds: docs/recommendations.md)")
     return Advice(recommendations=recs, calibration=notes, model_step_s=cal.model_step_s if cal else None,
