@@ -80,15 +80,28 @@ def _last_enqueued(dump, pg: str) -> int:
 
 
 def _wait_hung(url: str, proc, limit_s: float = 240.0) -> list[dict]:
-    """The behind series once steps stopped for 10 s with rank 1 behind (the stall)."""
+    """The behind series once steps stopped for 10 s with rank 1 behind (the stall), read the same
+    twice 3 s apart (three scrape and evaluation intervals) with both ranks' sequence numbers
+    scraped in the last 3 s: a series the rule recorded from one rank's fresh sample and the other's
+    older one (the ranks' scrapes are up to an interval apart; a training rank moves ~2 collectives a
+    step) is not the hang's."""
     deadline = time.monotonic() + limit_s
     expr = f'job_pg_rank:diag_collective_seq_behind{{job="{JOB}"}} > 0'
+    fresh = f'count(timestamp(diag_collective_last_enqueued_seq{{job="{JOB}"}}) > time() - 3)'
+    seen = None
     while time.monotonic() < deadline and proc.poll() is None:
         steps = query(url, f'max(diag_steps_total{{job="{JOB}"}})')
         still = query(url, f'changes(diag_steps_total{{job="{JOB}"}}[10s]) == 0')
-        if steps and float(steps[0]["value"][1]) >= STALL_STEP and len(still) == 2:
-            behind = query(url, expr)          # the recording rule may lag the scrape by one interval
-            if behind:
+        both = query(url, fresh)
+        if steps and float(steps[0]["value"][1]) >= STALL_STEP and len(still) == 2 and both \
+                and float(both[0]["value"][1]) == 2:
+            behind = query(url, expr)
+            now = [(r["metric"], r["value"][1]) for r in behind]
+            if behind and now == seen:
                 return behind
+            seen = now
+            time.sleep(3.0)
+            continue
+        seen = None
         time.sleep(1.0)
     pytest.fail(f"the job never hung (trainer exit {proc.poll()})")
