@@ -1,10 +1,14 @@
 """The N-dimensional layout, and the layout of a job found from its traces' process groups."""
 from __future__ import annotations
 
+import gzip
 import itertools
+import json
+import os
 
 import pytest
 
+from conftest import DATA
 from diag.analysis.layoutfind import compact_pg_config, find_layout, group_key
 from diag.layout import AXES, Layout, RankGrid, axis_of_desc
 
@@ -60,6 +64,27 @@ def _pg_configs(layout: Layout, desc: dict) -> list[list]:
             pgs.append({"pg_name": str(i + 1), "pg_desc": desc.get(axis, "undefined"), "pg_size": len(g), "ranks": g})
         out.append(compact_pg_config(pgs))
     return out
+
+
+B200 = os.path.join(DATA, "b200_rank0_of_8_eager", "eager_trace.json.gz")
+
+
+def test_one_rank_groups_are_not_asked_about():
+    """A framework that makes a group for every axis makes one of one rank for each axis of size 1
+    (TP, CP, EP ... at 1): it moves nothing, so the note asking for the sizes of unnamed groups leaves
+    it out. The real B200 trace (rank 0 of 8; its pg_config lists 15 of its 71 groups) has 8 such
+    groups and only 8-rank ones besides; it read "process groups of 1 ranks (irregular) are not
+    named in the trace: give the sizes ..."."""
+    truth = Layout.megatron(tp=4, pp=2, dp=2)
+    configs = _pg_configs(truth, {})
+    configs = [[*pgs, [f"9{r}", "undefined", [r]]] for r, pgs in enumerate(configs)]
+    notes = " ".join(find_layout(configs, 16).notes)
+    assert "4 ranks (consecutive)" in notes and "1 rank" not in notes
+    with gzip.open(B200) as f:
+        info = json.load(f)["distributedInfo"]
+    assert sorted(g["pg_size"] for g in info["pg_config"]) == [1] * 8 + [8] * 7
+    b200 = find_layout([compact_pg_config(info["pg_config"])], info["world_size"])
+    assert not any("not named in the trace" in n for n in b200.notes)
 
 
 def test_layout_from_device_mesh_names():

@@ -186,7 +186,9 @@ def find_layout(pg_configs: list[list], world: Optional[int], flags: Optional[di
     for key, a in out.axis_of_key.items():
         for r in key.split(","):
             out.members.setdefault((int(r), AXES[a]), key)
-    left = [k for k in unnamed if out.axis_of(k) == UNKNOWN and (not world or k.count(",") + 1 < world)]
+    # a group of one rank (an axis of size 1, where a framework makes a group for every axis) moves
+    # nothing, so its axis is nothing to ask the sizes for
+    left = [k for k in unnamed if out.axis_of(k) == UNKNOWN and "," in k and (not world or k.count(",") + 1 < world)]
     if left and layout is None:
         shapes = sorted({_shape(k) for k in left})
         out.notes.append(f"process groups of {', '.join(shapes)} are not named in the trace: give the sizes "
