@@ -15,7 +15,7 @@ from ..analysis.results import AxisOverlap, Diagnosis
 from . import memory as mem
 from .calibrate import Calibration
 from .model import Config, ModelTooBig
-from .results import Evidence, Recommendation
+from .results import Evidence, Recommendation, amount
 from ..record import record
 
 MIN_GAIN = 0.02            # a change the model prices under 2% of the step is not worth a re-run
@@ -24,11 +24,6 @@ PREFER_SHARE = 0.8         # with `prefer`, the smallest change within 80% of th
 
 def ev(metric: str, value: float, threshold: float, unit: str, source: str = "") -> Evidence:
     return Evidence(metric=metric, value=float(value), threshold=float(threshold), unit=unit, source=source)
-
-
-def _amount(x: float, unit: str) -> str:
-    return f"{100 * x:.1f}%" if unit.startswith("fraction") else \
-        f"{x:.3g}" if unit == "ratio" else f"{x:.3g} {unit}"
 
 
 def rerun_command(command: Optional[str], flags: dict, rule: str) -> Optional[str]:
@@ -150,13 +145,12 @@ class Context:
     def _decline(self, title: str, after: float, evidence: list) -> None:
         """A change a rule's evidence called for that the model prices under MIN_GAIN: said with its
         price and the evidence (Advice's "not proposed" notes), not dropped without a word, so a run
-        whose losses crossed thresholds does not read as one with nothing to look at."""
-        if not self.step_s:
-            return
+        whose losses crossed thresholds does not read as one with nothing to look at. Its callers
+        have a step to price against."""
         change = after / self.step_s - 1
         price = (f"{100 * change:+.1f}% predicted: " + ("no faster" if change >= 0 else
                  f"under the {MIN_GAIN:.0%} a re-run is worth"))
-        seen = "".join(f"; {e.metric} = {_amount(e.value, e.unit)} (threshold {_amount(e.threshold, e.unit)})"
+        seen = "".join(f"; {e.metric} = {amount(e.value, e.unit)} (threshold {amount(e.threshold, e.unit)})"
                        for e in evidence[:1])
         self.declined.append(f"{title} ({price}){seen}")
 

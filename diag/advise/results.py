@@ -8,12 +8,24 @@ documents every field.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import field
 from typing import Optional
 
 from ..record import record
 
 CONFIDENCES = ("high", "medium", "low")
+
+
+def amount(x: float, unit: str) -> str:
+    """An evidence value or threshold in its unit, as the report and the notes both show it."""
+    if unit.startswith("fraction"):
+        return f"{100 * x:.1f}%"
+    if unit == "ratio":
+        return f"{x:.2f}"
+    # three significant digits without switching to exponent notation (1,008 not 1.01e+03)
+    digits = max(0, 2 - int(math.floor(math.log10(abs(x))))) if x else 0
+    return f"{x:,.{digits}f} {unit}"
 
 
 @record

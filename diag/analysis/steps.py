@@ -46,9 +46,9 @@ def host_steps(t: EventTable) -> StepSpans:
 
 def stub_last(t: EventTable, steps: StepSpans) -> bool:
     """Whether the last of two or more steps is a stub: a ProfilerStep in which the host ran no
-    operator and launched nothing, which the profiler opened as it stopped (a ROCm trace of shared/traces ends in a
-    49 us ProfilerStep#2 after its 9.3 ms step #1). It is no step: the run's step time leaves it
-    out, where the median of the two would have read half a step."""
+    operator and launched nothing, which the profiler opened as it stopped (a ROCm trace of
+    shared/traces ends in a 49 us ProfilerStep#2 after its 9.3 ms step #1). It is no step: the
+    run's step time leaves it out, where the median of the two would have read half a step."""
     if len(steps) < 2:
         return False
     ts = t.ts_ns[t.mask(Kind.CPU_OP, Kind.RUNTIME)]

@@ -8,27 +8,16 @@ Markdown (escape.md_text / md_code) and for the terminal (escape.terminal).
 """
 from __future__ import annotations
 
-import numpy as np
-
 import dataclasses
 
 import msgspec
 
 from ..advise.memory import human
+from ..advise.results import amount
 from .escape import md_code, md_text, terminal
 from .fmt import ms
 
 ADVICE_FORMATS = ("text", "markdown", "json")
-
-
-def _value(x: float, unit: str) -> str:
-    if unit.startswith("fraction"):
-        return f"{100 * x:.1f}%"
-    if unit == "ratio":
-        return f"{x:.2f}"
-    # three significant digits without switching to exponent notation (1,008 not 1.01e+03)
-    digits = max(0, 2 - int(np.floor(np.log10(abs(x))))) if x else 0
-    return f"{x:,.{digits}f} {unit}"
 
 
 def _tokens(x) -> str:
@@ -46,7 +35,7 @@ def rec_lines(i: int, r, md: bool = False) -> list[str]:
             + f"; confidence {r.confidence}")
     lines = [f"**{head}**" if md else head, f"   {pred}"] + _memory_lines(r)
     for e in r.evidence:
-        lines.append(f"   evidence: {text(e.metric)} = {_value(e.value, e.unit)} (threshold {_value(e.threshold, e.unit)})"
+        lines.append(f"   evidence: {text(e.metric)} = {amount(e.value, e.unit)} (threshold {amount(e.threshold, e.unit)})"
                      + (f" {text(f'[{e.source}]')}" if e.source else ""))
     if r.flags:
         lines.append(f"   flags: {code(r.flag_words)}" + ("" if r.runnable else "  (Megatron-LM; not in the instrumented trainer)"))
