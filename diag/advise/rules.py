@@ -309,8 +309,10 @@ def micro_batch(ctx: Context) -> list[Recommendation]:
         e.append(ev("median mean duration of top compute kernels", med, SHORT_KERNEL_US, "us", "Top kernels"))
         if med >= SHORT_KERNEL_US and (f.share_of_step < WAITING_HOST_MIN or (ctx.d.comm and ctx.d.comm.stragglers)):
             return []  # long kernels: idle is not launch overhead, and a straggler explains it better
+        if med >= SHORT_KERNEL_US:   # fired on the waiting-on-the-host threshold: the evidence says that one
+            e[0] = ev(f.what, f.share_of_step, WAITING_HOST_MIN, "fraction of step", "Where the time goes")
     if ctx.cal is None:
-        return _double_micro_batch(ctx, f, e)
+        return _double_micro_batch(ctx, f, e, long_kernels=bool(kernels) and med >= SHORT_KERNEL_US)
     c = ctx.cal.config
     cands = [(replace(c, micro_batch_size=c.micro_batch_size * k, num_micro_batches=c.num_micro_batches // k),
               with_micro_batch(ctx.cal.workload, c.micro_batch_size, c.micro_batch_size * k),
@@ -323,12 +325,24 @@ def micro_batch(ctx: Context) -> list[Recommendation]:
                     assumptions=[])
 
 
-def _double_micro_batch(ctx: Context, f, e: list) -> list[Recommendation]:
-    """Without the run's shape: twice the micro-batch halves the per-sample launches, so half the idle."""
+def _double_micro_batch(ctx: Context, f, e: list, long_kernels: bool = False) -> list[Recommendation]:
+    """Without the run's shape: twice the micro-batch halves the per-sample launches, so half the idle.
+    With long kernels (the idle is not launch overhead) the device waits on the host's own work between
+    them, which a larger micro-batch amortises only where that work is paid per micro-batch: said, with
+    where to look."""
+    if long_kernels:
+        why = ("the device is idle between kernels that are not short, so it waits on the host's work between "
+               "them, not on launches; where that work is paid per micro-batch (Python, dispatch, per-batch "
+               "copies), a larger micro-batch gives each round of it more device work")
+        checks = ["what the host thread runs in the device's idle gaps (its operators between the kernels): a data "
+                  "loader, a synchronisation (.item(), .cpu(), a blocking copy) or logging is removed by itself, "
+                  "not by a larger micro-batch"]
+    else:
+        why = "the device waits on the host between kernels; a larger micro-batch gives each launch more work"
+        checks = []
     return ctx.make("micro_batch", "twice the micro-batch, half the micro-batches (same global batch)", e,
                     {"--micro-batch-size": "2x current"}, ctx.step_s - 0.5 * f.seconds_per_step, confidence="low",
-                    why="the device waits on the host between kernels; a larger micro-batch gives each launch "
-                        "more work", runnable=False,
+                    why=why, checks=checks, runnable=False,
                     assumptions=["no diag_run.json: estimated as half the idle time removed, not simulated; "
                                  "check the device memory"])
 

@@ -31,7 +31,8 @@ def rec_lines(i: int, r, md: bool = False) -> list[str]:
     head = f"{i}. {text(r.title)}"
     pred = (f"predicted step {ms(r.step_s_before)} -> {ms(r.step_s_after)} ms"
             + (f" ({-100 * gain:+.1f}%)" if gain is not None else "")
-            + f", tokens/s {_tokens(r.tokens_per_s_before)} -> {_tokens(r.tokens_per_s_after)}"
+            + (f", tokens/s {_tokens(r.tokens_per_s_before)} -> {_tokens(r.tokens_per_s_after)}"
+               if r.tokens_per_s_before is not None or r.tokens_per_s_after is not None else "")
             + f"; confidence {r.confidence}")
     lines = [f"**{head}**" if md else head, f"   {pred}"] + _memory_lines(r)
     for e in r.evidence:
