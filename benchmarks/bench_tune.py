@@ -5,13 +5,16 @@ recommendation of that lever is applied, the job re-run (`diag tune --rule`), an
 lever, predicted step change (the model calibrated on each run of the first configuration: the
 median of their prices, each in brackets), measured step change (medians of the unprofiled steps, both
 configurations run alternately `--repeats` times: the median over the pairs of runs of each pair's
-change, each pair's in brackets), the step error (|predicted - measured| / |measured|
-change), predicted and measured peak memory per rank. `make bench-tune` runs it.
+change, each pair's in brackets; with `--max-repeats`, more pairs until that change settles), the
+measured change's interval over the pairs (the median's distribution-free interval, its coverage and
+the pairs: tune.median_interval), the step error (|predicted - measured| / |measured| change),
+predicted and measured peak memory per rank. `make bench-tune` runs it.
 The goal (issue #19): step change within 25% and memory within 15% of measured on CPU. This is a
 benchmark, not a test: it times real training on a shared machine, so read its ratios next to the
 noise it prints (the spread of the unprofiled steps of the first run).
 
-    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 3] [--only micro_batch,...] [--device cuda]
+    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 3] [--max-repeats 7] [--only micro_batch,...]
+                                    [--device cuda]
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import argparse
 import os
 import shlex
 import sys
+from typing import Optional
 
 import numpy as np
 
@@ -91,19 +95,20 @@ def _mem(x) -> str:
     return "-" if not x else human(x)
 
 
-def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: bool = False) -> list[str]:
+def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: bool = False,
+        max_repeats: Optional[int] = None) -> list[str]:
     command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(model), *shlex.split(flags)])
     try:
         gib = None if gpu else MEMORY_GIB.get(rule)
         res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule,
-                   memory_per_gpu=gib * (1 << 30) if gib else None)
+                   memory_per_gpu=gib * (1 << 30) if gib else None, max_repeats=max_repeats)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
-        return [rule, "-", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
+        return [rule, "-", "-", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
     forced = res.after is None and rule in DECLINED     # its rule declined it: run all the same
     if forced:
-        res = declined(res, rule, os.path.join(out, rule), repeats)
+        res = declined(res, rule, os.path.join(out, rule), repeats, max_repeats)
     if res.after is None:
-        return [rule, "-", "-", "-", "-", "-", "-", "-", res.message]
+        return [rule, "-", "-", "-", "-", "-", "-", "-", "-", res.message]
     steps = measured_steps(res.before.out, res.before.diagnosis.run)
     noise = float(np.std(steps) / np.median(steps)) if len(steps) > 1 else None
     mem_err = None
@@ -116,12 +121,14 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
         error = f"{100 * apart:.1f} pts" + (f" ({'within' if apart <= noise else 'outside'} the noise)" if noise else "")
     else:
         error = "-" if step_err is None else f"{100 * step_err:.0f}%"
+    iv = res.measured_interval
+    interval = "-" if iv is None else f"{_pct(iv[0])}..{_pct(iv[1])} ({100 * iv[2]:.0f}%, {len(res.measured_changes)} pairs)"
     return [rule, _pct(res.predicted_change) + _runs(res.predicted_changes),
-            _pct(res.measured_change) + _runs(res.measured_changes), _pct(noise), error,
+            _pct(res.measured_change) + _runs(res.measured_changes), interval, _pct(noise), error,
             _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
 
 
-def declined(res: TuneResult, rule: str, out: str, repeats: int) -> TuneResult:
+def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Optional[int] = None) -> TuneResult:
     """The change of a lever its rule declined (DECLINED), priced by the model calibrated on each run
     of the first configuration, run and compared as an applied recommendation is."""
     flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
@@ -141,10 +148,11 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int) -> TuneResult:
     memory, config, _, _ = mem.of_diagnosis(d)
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
-    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2])
+    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2], max_repeats=max_repeats)
 
 
-def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Namespace, list[str]]:
+def lever_args(doc: str, out: str, levers, gpu_levers=None, settle: bool = False
+               ) -> tuple[argparse.Namespace, list[str]]:
     """--out, --repeats, --only of a per-lever benchmark, and --device where it has `gpu_levers`:
     (arguments, the levers to run)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -152,6 +160,11 @@ def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Na
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs of each configuration, alternating in pairs: the measured change is the median over "
                          "the pairs (3: one disturbed pair does not set it)")
+    if settle:
+        ap.add_argument("--max-repeats", type=int, default=None,
+                        help="more pairs after --repeats, one at a time, until the measured change's interval over "
+                             "the pairs (75%% or more, distribution-free) is 10 points wide or less, or there are "
+                             "this many")
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
     if gpu_levers is not None:
         ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -163,16 +176,16 @@ def lever_args(doc: str, out: str, levers, gpu_levers=None) -> tuple[argparse.Na
 
 
 def main() -> None:
-    a, only = lever_args(__doc__, "bench_out/tune", CASES, GPU_CASES)
-    head = ["lever", "predicted step", "measured step", "noise", "step error", "predicted peak", "measured peak",
-            "memory error", "change"]
+    a, only = lever_args(__doc__, "bench_out/tune", CASES, GPU_CASES, settle=True)
+    head = ["lever", "predicted step", "measured step", "measured interval", "noise", "step error", "predicted peak",
+            "measured peak", "memory error", "change"]
     gpu = a.device == "cuda"
     cases, model = (GPU_CASES, GPU_MODEL) if gpu else (CASES, SMALL)
     rows = []
     for r in only:
         if r not in cases:
             raise SystemExit(f"bench_tune: no {a.device} case for lever {r!r} (have: {', '.join(cases)})")
-        rows.append(row(r, cases[r], a.out, a.repeats, model, gpu))
+        rows.append(row(r, cases[r], a.out, a.repeats, model, gpu, a.max_repeats))
         print(f"{r}: " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:

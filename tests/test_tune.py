@@ -50,37 +50,48 @@ def _steps_jsonl(out: str) -> list[float]:
 
 
 def test_closed_loop_applies_the_recommendation(tmp_path):
-    res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2)
+    # two pairs, then more until the measured change settles or there are three: two pairs never
+    # settle (their interval covers the median 50% of the time, under the 75% asked), so a third
+    # pair is made whatever the machine's noise, and none after it
+    res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2, max_repeats=3)
     assert res.applied is not None and res.applied.rule == "bubble", res.message
     assert res.applied.flags["--micro-batch-size"] in ("1", "2", "4")
-    assert res.before.runs == 2 and res.after.runs == 2 and res.after.steps >= 4
+    assert res.before.runs == 3 and res.after.runs == 3 and res.after.steps >= 6
+    assert not os.path.exists(res.before.out + "-3") and not os.path.exists(res.after.out + "-3")
     # the re-run is exactly the recommendation's command
     assert f"--micro-batch-size {res.applied.flags['--micro-batch-size']}" in res.after.command
     # the measured change: per pair of runs made one after the other (before, after; before-1,
-    # after-1), the ratio of their unprofiled steps' medians, and the median of the two pairs' (their
-    # mean; recomputed here from the raw logs); each configuration's step, the median of its runs'
-    # medians. Whether it is an improvement is a timing on a shared machine, so it is make
+    # after-1; before-2, after-2), the ratio of their unprofiled steps' medians, and the median of the
+    # three pairs' (recomputed here from the raw logs); each configuration's step, the median of its
+    # runs' medians. Whether it is an improvement is a timing on a shared machine, so it is make
     # bench-tune's to say (#19), not this test's
+    suffixes = ("", "-1", "-2")
     def ratio(suffix):
         return statistics.median(_steps_jsonl(res.after.out + suffix)) / statistics.median(_steps_jsonl(res.before.out + suffix))
-    assert res.measured_change == pytest.approx((ratio("") + ratio("-1")) / 2 - 1, rel=1e-12)
+    changes = [ratio(x) - 1 for x in suffixes]
+    assert res.measured_change == pytest.approx(statistics.median(changes), rel=1e-12)
     def over_runs(out):
-        return statistics.median([statistics.median(_steps_jsonl(out)), statistics.median(_steps_jsonl(out + "-1"))])
+        return statistics.median([statistics.median(_steps_jsonl(out + x)) for x in suffixes])
     assert res.after.step_s == pytest.approx(over_runs(res.after.out), rel=1e-12)
-    assert res.before.steps == len(_steps_jsonl(res.before.out)) + len(_steps_jsonl(res.before.out + "-1"))
-    assert res.measured_changes == pytest.approx([ratio("") - 1, ratio("-1") - 1], rel=1e-12)
-    # the prediction is the model's: the first run's as the recommendation says it, the repeat's from
+    assert res.before.steps == sum(len(_steps_jsonl(res.before.out + x)) for x in suffixes)
+    assert res.measured_changes == pytest.approx(changes, rel=1e-12)
+    # three pairs: their interval is their range, at 75% (1 - 2 / 2^3)
+    assert res.measured_interval == pytest.approx((min(changes), max(changes), 0.75))
+    # the prediction is the model's: the first run's as the recommendation says it, each repeat's from
     # that run's own calibration (its diagnosis made here again: the recommendation of the same rule
     # with the same flags), their median
     first = res.applied.step_s_after / res.applied.step_s_before - 1
-    again = next((r for r in advise(diagnose(load_summaries(res.before.out + "-1"))).recommendations
-                  if r.rule == "bubble" and r.flags == res.applied.flags), None)
-    second = again.step_s_after / again.step_s_before - 1 if again is not None else None
-    assert res.predicted_changes == [first, second]
-    assert res.predicted_change == pytest.approx(statistics.median([p for p in (first, second) if p is not None]))
+    prices = [first]
+    for x in suffixes[1:]:
+        again = next((r for r in advise(diagnose(load_summaries(res.before.out + x))).recommendations
+                      if r.rule == "bubble" and r.flags == res.applied.flags), None)
+        prices.append(again.step_s_after / again.step_s_before - 1 if again is not None else None)
+    assert res.predicted_changes == prices
+    assert res.predicted_change == pytest.approx(statistics.median([p for p in prices if p is not None]))
     assert res.predicted_change < 0 and res.error is not None
     text = render_tune(res)
     assert f"predicted change {100 * res.predicted_change:+.1f}%" in text and "per before run" in text
+    assert f"75% interval {100 * min(changes):+.1f}..{100 * max(changes):+.1f}%" in text
 
 
 def test_cli_tune_refuses_bad_input(tmp_path):
@@ -88,6 +99,8 @@ def test_cli_tune_refuses_bad_input(tmp_path):
     assert r.exit_code == 2 and "give the trainer's flags" in r.output
     r = CliRunner().invoke(main, ["tune", "--", "--nproc", "2", "--out", "x"])
     assert r.exit_code == 2 and "diag tune --out" in r.output
+    r = CliRunner().invoke(main, ["tune", "--repeats", "3", "--max-repeats", "2", "--", "--nproc", "2"])
+    assert r.exit_code == 2 and "--max-repeats 2 is under --repeats 3" in r.output
     r = CliRunner().invoke(main, ["tune", "--out", str(tmp_path), "--", "--nproc", "3",
                                   "--pipeline-model-parallel-size", "2", "--train-iters", "2"])
     assert r.exit_code == 1 and "trainer exited 2" in r.output
@@ -118,3 +131,23 @@ def test_the_measured_change_is_the_median_over_pairs_of_runs():
     assert paired_change(before, after) == pytest.approx(-0.2)
     assert paired_change(before[:1], after[:1]) == pytest.approx(0.8 / 1.0 - 1)
     assert paired_change([[2.0], [4.0]], [[1.0], [3.0]]) == pytest.approx((-0.5 - 0.25) / 2)
+
+
+def test_the_measured_change_interval_is_the_medians_distribution_free_one():
+    """Worked by hand: n sorted values, [x(k), x(n+1-k)] holds the median with probability
+    1 - 2 P(Binomial(n, 1/2) <= k - 1). At 75% or more: three values, k = 1 (1 - 2/8 = 75%); five,
+    k = 1 (1 - 2/32 = 93.75%: k = 2 would be 1 - 12/32 = 62.5%); six, k = 2 (1 - 14/64 = 78.125%);
+    nine, k = 3 (1 - 2 x 46/512 = 82.03%). Fewer than three values never settle."""
+    from diag.advise.tune import median_interval, settled
+    assert median_interval([]) is None
+    assert median_interval([-0.3, -0.1, -0.2]) == (-0.3, -0.1, 0.75)
+    assert median_interval([5, 1, 4, 2, 3]) == (1, 5, 0.9375)
+    assert median_interval([6, 1, 5, 2, 4, 3]) == (2, 5, pytest.approx(0.78125))
+    assert median_interval(list(range(9))) == (2, 6, pytest.approx(1 - 2 * 46 / 512))
+    assert median_interval([1, 2], 0.75) == (1, 2, 0.5)
+    # the interval drops the extremes as pairs accrue: one pair far out, then more near the rest
+    pairs = [-0.14, -0.13, -0.02]
+    assert not settled(pairs)                                 # 12 points wide
+    assert not settled(pairs + [-0.15, -0.12])                # five: still the range
+    assert settled(pairs + [-0.15, -0.12, -0.13])             # six: x(2)..x(5) = -0.14..-0.13
+    assert not settled([-0.10, -0.11]) and settled([-0.10, -0.11, -0.12])

@@ -21,6 +21,7 @@ import os
 import shlex
 import subprocess
 import sys
+from math import comb
 from dataclasses import field
 from typing import Optional
 
@@ -34,6 +35,8 @@ from .results import Recommendation
 from ..record import record
 
 SKIP_FIRST = 1             # steps: allocator and gloo warm-up
+SETTLE = 0.10              # the measured change's interval (median_interval) this wide or less: no more pairs
+COVERAGE = 0.75            # the least coverage of that interval
 
 
 class TuneError(RuntimeError):
@@ -65,6 +68,12 @@ class TuneResult:
     message: str = ""
     memory_before: Optional[float] = None      # measured peak memory per rank (largest), bytes
     memory_after: Optional[float] = None
+
+    @property
+    def measured_interval(self) -> Optional[tuple[float, float, float]]:
+        """The measured change's interval over the pairs (median_interval: lo, hi, coverage); None
+        with fewer than two pairs."""
+        return median_interval(self.measured_changes) if len(self.measured_changes) > 1 else None
 
     @property
     def error(self) -> Optional[float]:
@@ -145,6 +154,31 @@ def paired_change(before: list, after: list) -> float:
     return float(median(pair_changes(before, after)))
 
 
+def median_interval(values: list, coverage: float = COVERAGE) -> Optional[tuple[float, float, float]]:
+    """The distribution-free interval for the median of what `values` sample: (lo, hi, its coverage).
+    Sorted x(1) <= ... <= x(n), [x(k), x(n+1-k)] holds the median with probability
+    1 - 2 P(Binomial(n, 1/2) <= k - 1), whatever the distribution; k is the largest whose coverage is
+    at least `coverage` (k = 1, the range, where none is: fewer than 4 values at 75%). So the interval
+    drops extremes as values accrue (6 at 75%: [x(2), x(5)], 78%), where the range only widens. None
+    without values."""
+    xs = sorted(values)
+    n = len(xs)
+    if not n:
+        return None
+    def cover(k: int) -> float:
+        return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n
+    k = max((k for k in range(1, (n + 1) // 2 + 1) if cover(k) >= coverage), default=1)
+    return float(xs[k - 1]), float(xs[n - k]), cover(k)
+
+
+def settled(changes: list, spread: float = SETTLE, coverage: float = COVERAGE) -> bool:
+    """Whether the pairs' changes pin the measured change down: their median's interval
+    (median_interval) no wider than `spread` (a fraction: 0.10 is 10 points) at `coverage` at least
+    (so never on fewer than three pairs at 75%)."""
+    iv = median_interval(changes, coverage)
+    return iv is not None and iv[2] >= coverage and iv[1] - iv[0] <= spread
+
+
 def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float,
            shape: Optional[dict] = None) -> Diagnosis:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
@@ -185,7 +219,8 @@ def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
 
 
 def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
-         repeats: int = 2, rule: Optional[str] = None, memory_per_gpu: Optional[float] = None) -> TuneResult:
+         repeats: int = 2, rule: Optional[str] = None, memory_per_gpu: Optional[float] = None,
+         max_repeats: Optional[int] = None) -> TuneResult:
     """Run `command` (a trainer command line), apply its top runnable recommendation (or the one of
     `rule`), re-run, compare. memory_per_gpu (bytes): the device capacity the recommender checks
     changes against (on CPU there is none to read).
@@ -193,6 +228,8 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     repeats > 1: both configurations are run again, alternately (profiled as the first runs; their
     unprofiled steps measured), so that a change in the machine's load between runs does not pass
     for the recommendation's effect; each "before" run prices the change again (confirm).
+    max_repeats > repeats: more pairs after those, one at a time, until the pairs' changes settle
+    (settled: their median's interval 10 points wide or less) or there are max_repeats of them.
     """
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
     before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
@@ -203,19 +240,23 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
         return TuneResult(before, None, None, message="no runnable recommendation" +
                           (f" of rule {rule}" if rule else "") + ": nothing to apply" +
                           "".join(f"; {n}" for n in declined))
-    return confirm(before, recs[0], out_dir, python, timeout, repeats, shape)
+    return confirm(before, recs[0], out_dir, python, timeout, repeats, shape, max_repeats=max_repeats)
 
 
 def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.executable, timeout: float = 600,
-            repeats: int = 2, shape: Optional[dict] = None, price=None) -> TuneResult:
+            repeats: int = 2, shape: Optional[dict] = None, price=None, max_repeats: Optional[int] = None
+            ) -> TuneResult:
     """Run `rec`'s command after `before` (its repeats alternating with before's), compare. `price`
-    (diagnosis -> change or None): how a repeat of `before` prices the change (price_again)."""
+    (diagnosis -> change or None): how a repeat of `before` prices the change (price_again).
+    max_repeats: pairs past `repeats` while the pairs' changes have not settled (settled)."""
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
     tb = [measured_steps(before.out, before.diagnosis.run)]
     ta = [measured_steps(after.out, after.diagnosis.run)]
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
     predicted = [rec.step_s_after / rec.step_s_before - 1]
-    for i in range(1, repeats):
+    for i in range(1, max(repeats, max_repeats or 0)):
+        if i >= repeats and settled(pair_changes(tb, ta)):
+            break
         again = repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout, shape)
         try:
             predicted.append(price(again) if price is not None else price_again(again, rec))

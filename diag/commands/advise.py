@@ -69,12 +69,16 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
               help="Runs of each configuration, alternating in pairs, each profiled; the measured change is the "
                    "median over the pairs, the predicted one the median of each 'before' run's price of it "
                    "(3 or more: one disturbed run or pair does not set them).")
+@click.option("--max-repeats", type=click.IntRange(1, 20), default=None,
+              help="After --repeats pairs, more pairs, one at a time, until the measured change settles (the "
+                   "median's distribution-free interval over the pairs, 75% or more, 10 points wide or less) or "
+                   "there are this many; default: --repeats (no more).")
 @click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
 @click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
 @click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Device memory in GiB the recommendations must fit (on CPU runs there is none to read).")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def tune(out_dir: str, repeats: int, timeout: float, rule, memory_per_gpu, trainer_args) -> None:
+def tune(out_dir: str, repeats: int, max_repeats, timeout: float, rule, memory_per_gpu, trainer_args) -> None:
     """Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.
 
     Example: diag tune --out runs/tune -- --nproc 2 --pipeline-model-parallel-size 2
@@ -89,9 +93,11 @@ def tune(out_dir: str, repeats: int, timeout: float, rule, memory_per_gpu, train
         _fail("tune: give the trainer's flags after --, e.g. diag tune -- --nproc 2 --pipeline-model-parallel-size 2")
     if "--out" in trainer_args:
         _fail("tune: set the output directory with diag tune --out, not in the trainer's flags")
+    if max_repeats is not None and max_repeats < repeats:
+        _fail(f"tune: --max-repeats {max_repeats} is under --repeats {repeats}")
     command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
     try:
-        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule,
+        res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule, max_repeats=max_repeats,
                        memory_per_gpu=memory_per_gpu * (1 << 30) if memory_per_gpu else None)
     except TuneError as e:
         _fail(str(e), 1)

@@ -136,6 +136,11 @@ def _each(values: list, what: str) -> str:
     return f" (median of {sum(v is not None for v in values)}, per {what}: {change_parts(values)})"
 
 
+def interval_words(iv) -> str:
+    """'; 78% interval -16.1..-9.4%': the measured change's interval over the pairs (tune.median_interval)."""
+    return "" if iv is None else f"; {100 * iv[2]:.0f}% interval {100 * iv[0]:+.1f}..{100 * iv[1]:+.1f}%"
+
+
 def render_tune(res) -> str:
     b, a, r = res.before, res.after, res.applied
     out = [f"before: {b.out}: median step {ms(b.trace_step_s)} ms profiled, {ms(b.step_s)} ms over {b.steps} "
@@ -147,7 +152,7 @@ def render_tune(res) -> str:
             f"unprofiled steps ({a.runs} runs)",
             f"predicted change {100 * res.predicted_change:+.1f}%{_each(res.predicted_changes, 'before run')}; "
             f"measured {100 * res.measured_change:+.1f}%{_each(res.measured_changes, 'pair of runs')} "
-            "(unprofiled steps), "
+            f"(unprofiled steps{interval_words(res.measured_interval)}), "
             + (f"{100 * res.trace_change:+.1f}%" if res.trace_change is not None else "-")
             + " on the profiled steps"
             + (f"; prediction off by {100 * res.error:.0f}% of the measured change" if res.error is not None else "")]
