@@ -305,15 +305,17 @@ def micro_batch(ctx: Context) -> list[Recommendation]:
         return []
     f = idle[0] if idle else None
     kernels = [k for r in ctx.d.ranks for k in r.top_kernels if k.kind == "compute"]
+    long_kernels = False
     if kernels and f is not None:
         med = sorted(k.mean_us for k in kernels)[len(kernels) // 2]
         e.append(ev("median mean duration of top compute kernels", med, SHORT_KERNEL_US, "us", "Top kernels"))
-        if med >= SHORT_KERNEL_US and (f.share_of_step < WAITING_HOST_MIN or (ctx.d.comm and ctx.d.comm.stragglers)):
+        long_kernels = med >= SHORT_KERNEL_US
+        if long_kernels and (f.share_of_step < WAITING_HOST_MIN or (ctx.d.comm and ctx.d.comm.stragglers)):
             return []  # long kernels: idle is not launch overhead, and a straggler explains it better
-        if med >= SHORT_KERNEL_US:   # fired on the waiting-on-the-host threshold: the evidence says that one
+        if long_kernels:   # fired on the waiting-on-the-host threshold: the evidence says that one
             e[0] = ev(f.what, f.share_of_step, WAITING_HOST_MIN, "fraction of step", "Where the time goes")
     if ctx.cal is None:
-        return _double_micro_batch(ctx, f, e, long_kernels=bool(kernels) and med >= SHORT_KERNEL_US)
+        return _double_micro_batch(ctx, f, e, long_kernels)
     c = ctx.cal.config
     cands = [(replace(c, micro_batch_size=c.micro_batch_size * k, num_micro_batches=c.num_micro_batches // k),
               with_micro_batch(ctx.cal.workload, c.micro_batch_size, c.micro_batch_size * k),
