@@ -91,6 +91,15 @@ def _runs(values: list) -> str:
     return "" if len(values) < 2 else f" ({change_parts(values, ' / ')})"
 
 
+HEAD = ["lever", "predicted step", "measured step", "measured interval", "noise", "step error", "predicted peak",
+        "measured peak", "memory error", "change"]
+
+
+def _unmeasured(rule: str, why: str) -> list[str]:
+    """A lever's row with nothing measured: its name, a "-" in every figure's column, why."""
+    return [rule, *["-"] * (len(HEAD) - 2), why]
+
+
 def _mem(x) -> str:
     return "-" if not x else human(x)
 
@@ -103,12 +112,12 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
         res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule,
                    memory_per_gpu=gib * (1 << 30) if gib else None, max_repeats=max_repeats)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
-        return [rule, "-", "-", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:80]}"]
+        return _unmeasured(rule, f"failed: {type(e).__name__}: {str(e)[:80]}")
     forced = res.after is None and rule in DECLINED     # its rule declined it: run all the same
     if forced:
         res = declined(res, rule, os.path.join(out, rule), repeats, max_repeats)
     if res.after is None:
-        return [rule, "-", "-", "-", "-", "-", "-", "-", "-", res.message]
+        return _unmeasured(rule, res.message)
     steps = measured_steps(res.before.out, res.before.diagnosis.run)
     noise = float(np.std(steps) / np.median(steps)) if len(steps) > 1 else None
     mem_err = None
@@ -177,8 +186,6 @@ def lever_args(doc: str, out: str, levers, gpu_levers=None, settle: bool = False
 
 def main() -> None:
     a, only = lever_args(__doc__, "bench_out/tune", CASES, GPU_CASES, settle=True)
-    head = ["lever", "predicted step", "measured step", "measured interval", "noise", "step error", "predicted peak",
-            "measured peak", "memory error", "change"]
     gpu = a.device == "cuda"
     cases, model = (GPU_CASES, GPU_MODEL) if gpu else (CASES, SMALL)
     rows = []
@@ -187,7 +194,7 @@ def main() -> None:
             raise SystemExit(f"bench_tune: no {a.device} case for lever {r!r} (have: {', '.join(cases)})")
         rows.append(row(r, cases[r], a.out, a.repeats, model, gpu, a.max_repeats))
         print(f"{r}: " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD))
     for r in rows:
         print("| " + " | ".join(r) + " |", flush=True)
 
