@@ -172,7 +172,8 @@ def lever_args(doc: str, out: str, levers, gpu_levers=None, settle: bool = False
     if settle:
         ap.add_argument("--max-repeats", type=int, default=None,
                         help="more pairs after --repeats, one at a time, until the measured change's interval over "
-                             "the pairs (75%% or more, distribution-free) is 10 points wide or less, or there are "
+                             "the pairs (75%% or more, distribution-free) is 10 points wide or less and within a "
+                             "quarter of the median either side, or there are "
                              "this many")
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
     if gpu_levers is not None:

@@ -151,3 +151,10 @@ def test_the_measured_change_interval_is_the_medians_distribution_free_one():
     assert not settled(pairs + [-0.15, -0.12])                # five: still the range
     assert settled(pairs + [-0.15, -0.12, -0.13])             # six: x(2)..x(5) = -0.14..-0.13
     assert not settled([-0.10, -0.11]) and settled([-0.10, -0.11, -0.12])
+    # no wider either side of the median than a quarter of it: the bubble lever's three pairs of
+    # 2026-11-29 (tune-s19), 8.8 points wide, under 10 but over 2 x 0.25 x 10.8 = 5.4 points
+    assert not settled([-0.103, -0.191, -0.108])
+    assert settled([-0.103, -0.191, -0.108, -0.110, -0.105, -0.112])       # x(2)..x(5): -0.112..-0.105
+    six = [-0.10, -0.14, -0.12, -0.125, -0.115, -0.20]       # x(2)..x(5): -0.14..-0.115, median -0.1225
+    assert settled(six) and not settled(six, share=0.1)      # 2.5 points: under 6.125, over 2.45
+    assert settled([-0.841, -0.845, -0.838]) and not settled([0.01, -0.01, 0.0])  # a change near 0: never

@@ -35,7 +35,9 @@ from .results import Recommendation
 from ..record import record
 
 SKIP_FIRST = 1             # steps: allocator and gloo warm-up
-SETTLE = 0.10              # the measured change's interval (median_interval) this wide or less: no more pairs
+SETTLE = 0.10              # the measured change's interval (median_interval) this wide or less: no more pairs,
+SETTLE_SHARE = 0.25        # and its half-width this share of the median change or less (a change of -12% is
+                           # known to within 3 points before a prediction's error against it can be read)
 COVERAGE = 0.75            # the least coverage of that interval
 
 
@@ -171,12 +173,16 @@ def median_interval(values: list, coverage: float = COVERAGE) -> Optional[tuple[
     return float(xs[k - 1]), float(xs[n - k]), cover(k)
 
 
-def settled(changes: list, spread: float = SETTLE, coverage: float = COVERAGE) -> bool:
+def settled(changes: list, spread: float = SETTLE, coverage: float = COVERAGE, share: float = SETTLE_SHARE) -> bool:
     """Whether the pairs' changes pin the measured change down: their median's interval
-    (median_interval) no wider than `spread` (a fraction: 0.10 is 10 points) at `coverage` at least
-    (so never on fewer than three pairs at 75%)."""
+    (median_interval) at `coverage` at least (so never on fewer than three pairs at 75%), no wider
+    than `spread` (a fraction: 0.10 is 10 points) and no wider either side of the median than `share`
+    of it (0.25: a -12% change to within 3 points, the precision a relative error of 25% needs to be
+    read; a change near zero does not settle: its pairs run to the limit)."""
     iv = median_interval(changes, coverage)
-    return iv is not None and iv[2] >= coverage and iv[1] - iv[0] <= spread
+    if iv is None or iv[2] < coverage:
+        return False
+    return bool(iv[1] - iv[0] <= min(spread, 2 * share * abs(median(changes))))
 
 
 def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float,
@@ -229,7 +235,8 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     unprofiled steps measured), so that a change in the machine's load between runs does not pass
     for the recommendation's effect; each "before" run prices the change again (confirm).
     max_repeats > repeats: more pairs after those, one at a time, until the pairs' changes settle
-    (settled: their median's interval 10 points wide or less) or there are max_repeats of them.
+    (settled: their median's interval 10 points wide or less, and within a quarter of the median
+    either side) or there are max_repeats of them.
     """
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
     before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)

@@ -71,7 +71,8 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
                    "(3 or more: one disturbed run or pair does not set them).")
 @click.option("--max-repeats", type=click.IntRange(1, 20), default=None,
               help="After --repeats pairs, more pairs, one at a time, until the measured change settles (the "
-                   "median's distribution-free interval over the pairs, 75% or more, 10 points wide or less) or "
+                   "median's distribution-free interval over the pairs, 75% or more, 10 points wide or less and "
+                   "within a quarter of the median either side) or "
                    "there are this many; default: --repeats (no more).")
 @click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
 @click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
