@@ -1,0 +1,89 @@
+"""benchmarks/p2p_timeline.py, the instrument behind benchmarks/README.md's late-delivery readings.
+
+Its arithmetic on logs built by hand (which posts are slow, which waits late, which steps clean),
+and a real 2-rank pipeline run of the trainer through it: every batch posted is waited, once; the
+steps read are the run's less the skipped; the posts and waits lie inside their steps, in order.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MS = 1_000_000  # ns
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("p2p_timeline", os.path.join(ROOT, "benchmarks", "p2p_timeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(tmp_path, logs):
+    for r, log in logs.items():
+        (tmp_path / f"p2p-rank-{r}.json").write_text(json.dumps(log))
+
+
+def test_slow_posts_late_waits_and_clean_steps_worked_by_hand(tmp_path):
+    # three steps of 40, 50 and 45 ms; rank 0 sends, rank 1 receives, one exchange a step.
+    # step 0: all prompt. step 1: rank 0's post takes 2.0 ms of wall (0.3 ms of CPU): slow (over 1 ms),
+    # and 0.5 ms over the 1.5 ms a clean step allows. step 2: rank 1's wait begins at 100 ms, the peer
+    # posted at 101 ms (its post ending 101.2), and the wait ends at 104.2: 3.0 ms after the later of
+    # the two: late, and 1.5 ms over.
+    r0 = [("post", "fwd_send", 10 * MS, 10 * MS + 200_000, 1, 150_000, 0),
+          ("wait", "fwd_send", 11 * MS, 11 * MS + 100_000, 1, 0, 0), ("step", None, 0, 40 * MS, 0, 0, 0),
+          ("post", "fwd_send", 55 * MS, 57 * MS, 1, 300_000, 3),
+          ("wait", "fwd_send", 57 * MS, 57 * MS + 100_000, 1, 0, 0), ("step", None, 40 * MS, 90 * MS, 0, 0, 0),
+          ("post", "fwd_send", 101 * MS, 101 * MS + 200_000, 1, 150_000, 0),
+          ("wait", "fwd_send", 102 * MS, 102 * MS + 100_000, 1, 0, 0), ("step", None, 90 * MS, 135 * MS, 0, 0, 0)]
+    r1 = [("post", "fwd_recv", 5 * MS, 5 * MS + 100_000, 1, 80_000, 0),
+          ("wait", "fwd_recv", 5 * MS, 10 * MS + 300_000, 1, 0, 0), ("step", None, 0, 40 * MS, 0, 0, 0),
+          ("post", "fwd_recv", 50 * MS, 50 * MS + 100_000, 1, 80_000, 0),
+          ("wait", "fwd_recv", 50 * MS, 57 * MS + 200_000, 1, 0, 0), ("step", None, 40 * MS, 90 * MS, 0, 0, 0),
+          ("post", "fwd_recv", 99 * MS, 99 * MS + 100_000, 1, 80_000, 0),
+          ("wait", "fwd_recv", 100 * MS, 104 * MS + 200_000, 1, 0, 0), ("step", None, 90 * MS, 135 * MS, 0, 0, 0)]
+    _write(tmp_path, {0: r0, 1: r1})
+    res = _tool().analyse(str(tmp_path), skip=0)
+    assert res["ranks"][0] == {"posts": 3, "slow_posts": 1, "waits": 3, "late": 0,
+                               "slow_post_cpu_ms": pytest.approx(0.3), "slow_post_switches": 3}
+    assert res["ranks"][1]["slow_posts"] == 0 and res["ranks"][1]["late"] == 1
+    assert (res["steps"], res["clean_steps"]) == (3, 1)
+    assert res["step_ms"] == pytest.approx(45.0) and res["clean_step_ms"] == pytest.approx(40.0)
+    assert _tool().analyse(str(tmp_path), skip=1)["steps"] == 2
+    # step 1's wait on rank 1 ends 0.2 ms after the peer's post: prompt
+    assert "1 over 1 ms late" in _tool().report(res)
+
+
+def test_a_real_pipeline_run_through_it(tmp_path):
+    out = tmp_path / "run"
+    job = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+           "--vocab-size", "64", "--train-iters", "6", "--nproc", "2", "--pipeline-model-parallel-size", "2",
+           "--micro-batch-size", "2", "--global-batch-size", "8", "--no-trace-summary", "--no-profile",
+           "--no-metrics"]
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "p2p_timeline.py"), "--out", str(out),
+                        "--skip", "1", "--", *job], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    res = json.loads((out / "p2p_timeline.json").read_text())
+    assert res["steps"] == 5                                      # six steps, the first skipped
+    assert "5 steps: median" in p.stdout
+    for r in (0, 1):
+        log = json.loads((out / f"p2p-rank-{r}.json").read_text())
+        steps = [e for e in log if e[0] == "step"]
+        assert len(steps) == 6
+        posted = [e for e in log if e[0] == "post" and e[4]]
+        assert posted and len(posted) == len([e for e in log if e[0] == "wait" and e[4]])
+        assert res["ranks"][str(r)]["posts"] == len([e for e in posted if e[2] >= steps[1][2]])
+        # each post and wait inside its step, after its step's start, in time order
+        bounds = iter(steps)
+        s = next(bounds)
+        last = 0
+        for e in log:
+            if e[0] == "step":
+                s = next(bounds, None)
+                continue
+            assert s[2] <= e[2] <= e[3] <= s[3] and e[2] >= last
+            last = e[2]
