@@ -92,6 +92,12 @@ def test_closed_loop_applies_the_recommendation(tmp_path):
     text = render_tune(res)
     assert f"predicted change {100 * res.predicted_change:+.1f}%" in text and "per before run" in text
     assert f"75% interval {100 * min(changes):+.1f}..{100 * max(changes):+.1f}%" in text
+    # loose pairs are said, with whether the prediction lies inside their interval (3 pairs: their range)
+    from diag.advise.tune import settled
+    loose = not settled(changes)
+    assert res.settled is not loose and ("not settled over 3 pairs" in text) is loose
+    inside = min(changes) <= res.predicted_change <= max(changes)
+    assert ("the prediction lies inside this one" in text) is (loose and inside)
 
 
 def test_cli_tune_refuses_bad_input(tmp_path):

@@ -78,6 +78,12 @@ class TuneResult:
         return median_interval(self.measured_changes) if len(self.measured_changes) > 1 else None
 
     @property
+    def settled(self) -> bool:
+        """Whether the pairs pin the measured change down (settled): if not, its error is not yet
+        read to 25%."""
+        return settled(self.measured_changes)
+
+    @property
     def error(self) -> Optional[float]:
         """|predicted - measured| / |measured| change, measured on the unprofiled steps."""
         if self.predicted_change is None or not self.measured_change:

@@ -155,5 +155,19 @@ def render_tune(res) -> str:
             f"(unprofiled steps{interval_words(res.measured_interval)}), "
             + (f"{100 * res.trace_change:+.1f}%" if res.trace_change is not None else "-")
             + " on the profiled steps"
-            + (f"; prediction off by {100 * res.error:.0f}% of the measured change" if res.error is not None else "")]
+            + (f"; prediction off by {100 * res.error:.0f}% of the measured change" if res.error is not None else "")
+            + _unsettled(res)]
     return "\n".join(out) + "\n"
+
+
+def _unsettled(res) -> str:
+    """Said where the pairs leave the measured change loose (TuneResult.settled): the error above
+    is then not yet readable, and whether the prediction lies inside the measured interval."""
+    if res.settled or not res.measured_changes:
+        return ""
+    iv, p = res.measured_interval, res.predicted_change
+    inside = iv is not None and p is not None and iv[0] <= p <= iv[1]
+    n = len(res.measured_changes)
+    return (f"; not settled over {n} pair{'s' * (n > 1)} (that takes 3 pairs or more and an interval 10 points wide "
+            f"or less, within a quarter of the median either side{'; the prediction lies inside this one' if inside else ''}): "
+            "--max-repeats N adds pairs until it is")
