@@ -131,7 +131,8 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     else:
         error = "-" if step_err is None else f"{100 * step_err:.0f}%"
     iv = res.measured_interval
-    interval = "-" if iv is None else f"{_pct(iv[0])}..{_pct(iv[1])} ({100 * iv[2]:.0f}%, {len(res.measured_changes)} pairs)"
+    interval = "-" if iv is None else (f"{_pct(iv[0])}..{_pct(iv[1])} ({100 * iv[2]:.0f}%, {len(res.measured_changes)} pairs"
+                                       + ("" if res.settled else ", not settled") + ")")
     return [rule, _pct(res.predicted_change) + _runs(res.predicted_changes),
             _pct(res.measured_change) + _runs(res.measured_changes), interval, _pct(noise), error,
             _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
