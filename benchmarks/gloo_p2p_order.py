@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics as st
 import subprocess
 import sys
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("recv-first", "send-first", "both-ways")
 
 
@@ -99,10 +99,10 @@ def main() -> None:
     args = ap.parse_args()
     if "RANK" in os.environ:
         return worker(args)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    sys.path.insert(0, ROOT)
+    from diag.ports import free_port  # noqa: PLC0415 - below the ephemeral range, as the trainer's launcher
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**env, "RANK": str(r)})
              for r in range(2)]
     sys.exit(max(p.wait() for p in procs))
