@@ -165,9 +165,10 @@ def _unsettled(res) -> str:
     is then not yet readable, and whether the prediction lies inside the measured interval."""
     if res.settled or not res.measured_changes:
         return ""
+    from ..advise.tune import SETTLE, SETTLE_SHARE  # noqa: PLC0415 - tune's imports stay out of every command's start
     iv, p = res.measured_interval, res.predicted_change
     inside = iv is not None and p is not None and iv[0] <= p <= iv[1]
     n = len(res.measured_changes)
-    return (f"; not settled over {n} pair{'s' * (n > 1)} (that takes 3 pairs or more and an interval 10 points wide "
-            f"or less, within a quarter of the median either side{'; the prediction lies inside this one' if inside else ''}): "
-            "--max-repeats N adds pairs until it is")
+    return (f"; not settled over {n} pair{'s' * (n > 1)} (that takes 3 pairs or more and an interval "
+            f"{100 * SETTLE:.0f} points wide or less, within {100 * SETTLE_SHARE:.0f}% of the median either side"
+            f"{'; the prediction lies inside this one' if inside else ''}): --max-repeats N adds pairs until it is")
