@@ -82,7 +82,7 @@ bench-big: setup
 # read its ratios next to the noise it prints; benchmarks/README.md has the readings).
 bench-tune: setup
 	@mkdir -p bench_out
-	$(BIN)/python benchmarks/bench_tune.py --repeats 3 --max-repeats 7 --out bench_out/tune
+	$(BIN)/python benchmarks/bench_tune.py --repeats 3 --max-repeats 20 --max-minutes 3 --out bench_out/tune
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -5,7 +5,8 @@ recommendation of that lever is applied, the job re-run (`diag tune --rule`), an
 lever, predicted step change (the model calibrated on each run of the first configuration: the
 median of their prices, each in brackets), measured step change (medians of the unprofiled steps, both
 configurations run alternately `--repeats` times: the median over the pairs of runs of each pair's
-change, each pair's in brackets; with `--max-repeats`, more pairs until that change settles), the
+change, each pair's in brackets; with `--max-repeats`, more pairs until that change settles, and with
+`--max-minutes` no pair that would take a lever's pairs past those minutes), the
 measured change's interval over the pairs (the median's distribution-free interval, its coverage and
 the pairs: tune.median_interval), the step error (|predicted - measured| / |measured| change),
 predicted and measured peak memory per rank. `make bench-tune` runs it.
@@ -13,7 +14,8 @@ The goal (issue #19): step change within 25% and memory within 15% of measured o
 benchmark, not a test: it times real training on a shared machine, so read its ratios next to the
 noise it prints (the spread of the unprofiled steps of the first run).
 
-    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 3] [--max-repeats 7] [--only micro_batch,...]
+    python benchmarks/bench_tune.py [--out bench_out/tune] [--repeats 3] [--max-repeats 20] [--max-minutes 3]
+                                    [--only micro_batch,...]
                                     [--device cuda]
 """
 from __future__ import annotations
@@ -105,17 +107,18 @@ def _mem(x) -> str:
 
 
 def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: bool = False,
-        max_repeats: Optional[int] = None) -> list[str]:
+        max_repeats: Optional[int] = None, max_minutes: Optional[float] = None) -> list[str]:
     command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(model), *shlex.split(flags)])
     try:
         gib = None if gpu else MEMORY_GIB.get(rule)
         res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule,
-                   memory_per_gpu=gib * (1 << 30) if gib else None, max_repeats=max_repeats)
+                   memory_per_gpu=gib * (1 << 30) if gib else None, max_repeats=max_repeats,
+                   max_minutes=max_minutes)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
         return _unmeasured(rule, f"failed: {type(e).__name__}: {str(e)[:80]}")
     forced = res.after is None and rule in DECLINED     # its rule declined it: run all the same
     if forced:
-        res = declined(res, rule, os.path.join(out, rule), repeats, max_repeats)
+        res = declined(res, rule, os.path.join(out, rule), repeats, max_repeats, max_minutes)
     if res.after is None:
         return _unmeasured(rule, res.message)
     steps = measured_steps(res.before.out, res.before.diagnosis.run)
@@ -132,13 +135,15 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
         error = "-" if step_err is None else f"{100 * step_err:.0f}%"
     iv = res.measured_interval
     interval = "-" if iv is None else (f"{_pct(iv[0])}..{_pct(iv[1])} ({100 * iv[2]:.0f}%, {len(res.measured_changes)} pairs"
-                                       + ("" if res.settled else ", not settled") + ")")
+                                       + ("" if res.settled else ", not settled"
+                                          + (" in the time" if res.stopped == "max_minutes" else "")) + ")")
     return [rule, _pct(res.predicted_change) + _runs(res.predicted_changes),
             _pct(res.measured_change) + _runs(res.measured_changes), interval, _pct(noise), error,
             _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title]
 
 
-def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Optional[int] = None) -> TuneResult:
+def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Optional[int] = None,
+             max_minutes: Optional[float] = None) -> TuneResult:
     """The change of a lever its rule declined (DECLINED), priced by the model calibrated on each run
     of the first configuration, run and compared as an applied recommendation is."""
     flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
@@ -158,7 +163,8 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Op
     memory, config, _, _ = mem.of_diagnosis(d)
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
-    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2], max_repeats=max_repeats)
+    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2], max_repeats=max_repeats,
+                   max_minutes=max_minutes)
 
 
 def lever_args(doc: str, out: str, levers, gpu_levers=None, settle: bool = False
@@ -176,6 +182,9 @@ def lever_args(doc: str, out: str, levers, gpu_levers=None, settle: bool = False
                              "the pairs (75%% or more, distribution-free) is 10 points wide or less and within a "
                              "quarter of the median either side, or there are "
                              "this many")
+        ap.add_argument("--max-minutes", type=float, default=None,
+                        help="and no more pair past --repeats that would take a lever's pairs past this many "
+                             "minutes (so a cheap lever gets more pairs than a dear one)")
     ap.add_argument("--only", default="", help="comma-separated levers (default: all)")
     if gpu_levers is not None:
         ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -194,7 +203,7 @@ def main() -> None:
     for r in only:
         if r not in cases:
             raise SystemExit(f"bench_tune: no {a.device} case for lever {r!r} (have: {', '.join(cases)})")
-        rows.append(row(r, cases[r], a.out, a.repeats, model, gpu, a.max_repeats))
+        rows.append(row(r, cases[r], a.out, a.repeats, model, gpu, a.max_repeats, a.max_minutes))
         print(f"{r}: " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD))
     for r in rows:

@@ -96,6 +96,9 @@ def test_closed_loop_applies_the_recommendation(tmp_path):
     from diag.advise.tune import settled
     loose = not settled(changes)
     assert res.settled is not loose and ("not settled over 3 pairs" in text) is loose
+    # why the pairs stopped: settled by the third, or at --max-repeats (no time limit was given)
+    assert res.stopped == ("max_repeats" if loose else "settled")
+    assert ("a larger --max-repeats adds pairs until it is" in text) is loose
     inside = min(changes) <= res.predicted_change <= max(changes)
     assert ("the prediction lies inside this one" in text) is (loose and inside)
 
@@ -107,6 +110,8 @@ def test_cli_tune_refuses_bad_input(tmp_path):
     assert r.exit_code == 2 and "diag tune --out" in r.output
     r = CliRunner().invoke(main, ["tune", "--repeats", "3", "--max-repeats", "2", "--", "--nproc", "2"])
     assert r.exit_code == 2 and "--max-repeats 2 is under --repeats 3" in r.output
+    r = CliRunner().invoke(main, ["tune", "--max-minutes", "0", "--", "--nproc", "2"])
+    assert r.exit_code == 2 and "--max-minutes" in r.output
     r = CliRunner().invoke(main, ["tune", "--out", str(tmp_path), "--", "--nproc", "3",
                                   "--pipeline-model-parallel-size", "2", "--train-iters", "2"])
     assert r.exit_code == 1 and "trainer exited 2" in r.output
@@ -164,3 +169,16 @@ def test_the_measured_change_interval_is_the_medians_distribution_free_one():
     six = [-0.10, -0.14, -0.12, -0.125, -0.115, -0.20]       # x(2)..x(5): -0.14..-0.115, median -0.1225
     assert settled(six) and not settled(six, share=0.1)      # 2.5 points: under 6.125, over 2.45
     assert settled([-0.841, -0.845, -0.838]) and not settled([0.01, -0.01, 0.0])  # a change near 0: never
+
+
+def test_pairs_stop_when_settled_or_when_one_more_would_pass_the_time_given():
+    """stop_pairs, worked by hand: settled pairs stop whatever the time; loose ones go on while one
+    more pair (its time) keeps the pairs within max_minutes, and without max_minutes always."""
+    from diag.advise.tune import stop_pairs
+    tight, loose = [-0.10, -0.11, -0.12], [-0.103, -0.191, -0.108]
+    assert stop_pairs(tight, 1000.0, 100.0, max_minutes=1) == "settled"
+    assert stop_pairs(loose, 1000.0, 100.0) == ""                       # no time limit: on to max_repeats
+    assert stop_pairs(loose, 100.0, 19.0, max_minutes=2) == ""          # 119 s <= 120 s: one more
+    assert stop_pairs(loose, 100.0, 20.0, max_minutes=2) == ""          # 120 s: exactly the limit, made
+    assert stop_pairs(loose, 100.0, 20.5, max_minutes=2) == "max_minutes"
+    assert stop_pairs(loose, 0.0, 61.0, max_minutes=1) == "max_minutes"  # a pair dearer than the whole limit

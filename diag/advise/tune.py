@@ -21,6 +21,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from math import comb
 from dataclasses import field
 from typing import Optional
@@ -70,6 +71,8 @@ class TuneResult:
     message: str = ""
     memory_before: Optional[float] = None      # measured peak memory per rank (largest), bytes
     memory_after: Optional[float] = None
+    stopped: str = ""                          # why the pairs stopped: "settled", "repeats" (no more asked),
+                                               # "max_repeats" or "max_minutes" (settled not reached)
 
     @property
     def measured_interval(self) -> Optional[tuple[float, float, float]]:
@@ -191,6 +194,17 @@ def settled(changes: list, spread: float = SETTLE, coverage: float = COVERAGE, s
     return bool(iv[1] - iv[0] <= min(spread, 2 * share * abs(median(changes))))
 
 
+def stop_pairs(changes: list, spent_s: float, pair_s: float, max_minutes: Optional[float] = None) -> str:
+    """Why no more pairs are made past the asked ones, or "" to make one: "settled" (settled), or
+    "max_minutes" where one more pair (pair_s seconds) would take the pairs, `spent_s` so far, past
+    max_minutes."""
+    if settled(changes):
+        return "settled"
+    if max_minutes is not None and spent_s + pair_s > 60 * max_minutes:
+        return "max_minutes"
+    return ""
+
+
 def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float,
            shape: Optional[dict] = None) -> Diagnosis:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
@@ -232,7 +246,7 @@ def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
 
 def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
          repeats: int = 2, rule: Optional[str] = None, memory_per_gpu: Optional[float] = None,
-         max_repeats: Optional[int] = None) -> TuneResult:
+         max_repeats: Optional[int] = None, max_minutes: Optional[float] = None) -> TuneResult:
     """Run `command` (a trainer command line), apply its top runnable recommendation (or the one of
     `rule`), re-run, compare. memory_per_gpu (bytes): the device capacity the recommender checks
     changes against (on CPU there is none to read).
@@ -242,7 +256,8 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     for the recommendation's effect; each "before" run prices the change again (confirm).
     max_repeats > repeats: more pairs after those, one at a time, until the pairs' changes settle
     (settled: their median's interval 10 points wide or less, and within a quarter of the median
-    either side) or there are max_repeats of them.
+    either side) or there are max_repeats of them, or (max_minutes) one more pair would take the
+    pairs past that many minutes (pairs timed as they run; the first "before" run not counted).
     """
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
     before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
@@ -253,34 +268,49 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
         return TuneResult(before, None, None, message="no runnable recommendation" +
                           (f" of rule {rule}" if rule else "") + ": nothing to apply" +
                           "".join(f"; {n}" for n in declined))
-    return confirm(before, recs[0], out_dir, python, timeout, repeats, shape, max_repeats=max_repeats)
+    return confirm(before, recs[0], out_dir, python, timeout, repeats, shape, max_repeats=max_repeats,
+                   max_minutes=max_minutes)
 
 
 def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.executable, timeout: float = 600,
-            repeats: int = 2, shape: Optional[dict] = None, price=None, max_repeats: Optional[int] = None
-            ) -> TuneResult:
+            repeats: int = 2, shape: Optional[dict] = None, price=None, max_repeats: Optional[int] = None,
+            max_minutes: Optional[float] = None) -> TuneResult:
     """Run `rec`'s command after `before` (its repeats alternating with before's), compare. `price`
     (diagnosis -> change or None): how a repeat of `before` prices the change (price_again).
-    max_repeats: pairs past `repeats` while the pairs' changes have not settled (settled)."""
+    max_repeats: pairs past `repeats` while the pairs' changes have not settled (settled);
+    max_minutes: and while one more pair (as long as the median repeated pair so far; before one,
+    twice the "after" run) keeps them within that many minutes of the "after" run's start."""
+    start = time.monotonic()
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
+    pairs_s: list = []                                    # the repeats' pairs, timed
+    first_pair_s = 2 * (time.monotonic() - start)         # a pair's time until one is: twice the "after" run
     tb = [measured_steps(before.out, before.diagnosis.run)]
     ta = [measured_steps(after.out, after.diagnosis.run)]
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
     predicted = [rec.step_s_after / rec.step_s_before - 1]
+    stopped = ""
     for i in range(1, max(repeats, max_repeats or 0)):
-        if i >= repeats and settled(pair_changes(tb, ta)):
-            break
+        if i >= repeats:
+            stopped = stop_pairs(pair_changes(tb, ta), time.monotonic() - start,
+                                 median(pairs_s) if pairs_s else first_pair_s, max_minutes)
+            if stopped:
+                break
+        t = time.monotonic()
         again = repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout, shape)
         try:
             predicted.append(price(again) if price is not None else price_again(again, rec))
         except Exception:                    # noqa: BLE001 - a repeat that cannot price loses its price only
             predicted.append(None)
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
+        pairs_s.append(time.monotonic() - t)
+    if not stopped:                      # the loop ran out: settled by its last pair, or at its limit
+        stopped = "settled" if settled(pair_changes(tb, ta)) else \
+            "max_repeats" if (max_repeats or 0) > repeats else "repeats"
     before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
     after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
     res = TuneResult(before, after, rec, predicted_change=float(median([p for p in predicted if p is not None])),
                      measured_change=paired_change(tb, ta), predicted_changes=predicted,
-                     measured_changes=pair_changes(tb, ta))
+                     measured_changes=pair_changes(tb, ta), stopped=stopped)
     if before.trace_step_s and after.trace_step_s:
         res.trace_change = after.trace_step_s / before.trace_step_s - 1
     res.memory_before = measured_peak_memory(before.out, before.diagnosis)

@@ -74,12 +74,16 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
                    "median's distribution-free interval over the pairs, 75% or more, 10 points wide or less and "
                    "within a quarter of the median either side) or "
                    "there are this many; default: --repeats (no more).")
+@click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
+              help="With --max-repeats: no pair past --repeats that would take the pairs (timed from the first "
+                   "'after' run) past this many minutes; default: no limit but --max-repeats.")
 @click.option("--timeout", type=click.FloatRange(1), default=600, show_default=True, help="Seconds per trainer run.")
 @click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
 @click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Device memory in GiB the recommendations must fit (on CPU runs there is none to read).")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def tune(out_dir: str, repeats: int, max_repeats, timeout: float, rule, memory_per_gpu, trainer_args) -> None:
+def tune(out_dir: str, repeats: int, max_repeats, max_minutes, timeout: float, rule, memory_per_gpu,
+         trainer_args) -> None:
     """Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.
 
     Example: diag tune --out runs/tune -- --nproc 2 --pipeline-model-parallel-size 2
@@ -99,6 +103,7 @@ def tune(out_dir: str, repeats: int, max_repeats, timeout: float, rule, memory_p
     command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
     try:
         res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule, max_repeats=max_repeats,
+                       max_minutes=max_minutes,
                        memory_per_gpu=memory_per_gpu * (1 << 30) if memory_per_gpu else None)
     except TuneError as e:
         _fail(str(e), 1)

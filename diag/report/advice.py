@@ -169,6 +169,9 @@ def _unsettled(res) -> str:
     iv, p = res.measured_interval, res.predicted_change
     inside = iv is not None and p is not None and iv[0] <= p <= iv[1]
     n = len(res.measured_changes)
+    more = {"max_minutes": "a longer --max-minutes adds pairs until it is",
+            "max_repeats": "a larger --max-repeats adds pairs until it is"}.get(res.stopped,
+                                                                             "--max-repeats N adds pairs until it is")
     return (f"; not settled over {n} pair{'s' * (n > 1)} (that takes 3 pairs or more and an interval "
             f"{100 * SETTLE:.0f} points wide or less, within {100 * SETTLE_SHARE:.0f}% of the median either side"
-            f"{'; the prediction lies inside this one' if inside else ''}): --max-repeats N adds pairs until it is")
+            f"{'; the prediction lies inside this one' if inside else ''}): {more}")
