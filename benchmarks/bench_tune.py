@@ -109,16 +109,17 @@ def _mem(x) -> str:
 def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: bool = False,
         max_repeats: Optional[int] = None, max_minutes: Optional[float] = None) -> list[str]:
     command = shlex.join(["python", "-m", "instrumented_trainer", *shlex.split(model), *shlex.split(flags)])
+    say = lambda m: print(f"  {rule}: {m}", file=sys.stderr, flush=True)   # noqa: E731 - progress
     try:
         gib = None if gpu else MEMORY_GIB.get(rule)
         res = tune(command, os.path.join(out, rule), repeats=repeats, rule=rule,
                    memory_per_gpu=gib * (1 << 30) if gib else None, max_repeats=max_repeats,
-                   max_minutes=max_minutes)
+                   max_minutes=max_minutes, say=say)
     except Exception as e:                       # noqa: BLE001 - one lever's failure is one row
         return _unmeasured(rule, f"failed: {type(e).__name__}: {str(e)[:80]}")
     forced = res.after is None and rule in DECLINED     # its rule declined it: run all the same
     if forced:
-        res = declined(res, rule, os.path.join(out, rule), repeats, max_repeats, max_minutes)
+        res = declined(res, rule, os.path.join(out, rule), repeats, max_repeats, max_minutes, say)
     if res.after is None:
         return _unmeasured(rule, res.message)
     steps = measured_steps(res.before.out, res.before.diagnosis.run)
@@ -143,7 +144,7 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
 
 
 def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Optional[int] = None,
-             max_minutes: Optional[float] = None) -> TuneResult:
+             max_minutes: Optional[float] = None, say=None) -> TuneResult:
     """The change of a lever its rule declined (DECLINED), priced by the model calibrated on each run
     of the first configuration, run and compared as an applied recommendation is."""
     flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
@@ -164,7 +165,7 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Op
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
     return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2], max_repeats=max_repeats,
-                   max_minutes=max_minutes)
+                   max_minutes=max_minutes, say=say)
 
 
 def lever_args(doc: str, out: str, levers, gpu_levers=None, settle: bool = False

@@ -53,7 +53,8 @@ def test_closed_loop_applies_the_recommendation(tmp_path):
     # two pairs, then more until the measured change settles or there are three: two pairs never
     # settle (their interval covers the median 50% of the time, under the 75% asked), so a third
     # pair is made whatever the machine's noise, and none after it
-    res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2, max_repeats=3)
+    said = []
+    res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2, max_repeats=3, say=said.append)
     assert res.applied is not None and res.applied.rule == "bubble", res.message
     assert res.applied.flags["--micro-batch-size"] in ("1", "2", "4")
     assert res.before.runs == 3 and res.after.runs == 3 and res.after.steps >= 6
@@ -99,6 +100,13 @@ def test_closed_loop_applies_the_recommendation(tmp_path):
     # why the pairs stopped: settled by the third, or at --max-repeats (no time limit was given)
     assert res.stopped == ("max_repeats" if loose else "settled")
     assert ("a larger --max-repeats adds pairs until it is" in text) is loose
+    # progress, as each run ends: the first run, the change applied, each pair with its change, why they stopped
+    assert said[0].startswith("before: ") and said[0].endswith(res.before.out)
+    assert said[1] == f"applying: {res.applied.title} [bubble]"
+    for n, (x, c) in enumerate(zip(suffixes, changes), 1):
+        assert said[1 + n].startswith(f"pair {n}: ") and f"{100 * c:+.1f}%" in said[1 + n]
+        assert said[1 + n].endswith(res.after.out + x)
+    assert said[5].startswith("3 pairs: " + ("not settled at --max-repeats" if loose else "settled")) and len(said) == 6
     inside = min(changes) <= res.predicted_change <= max(changes)
     assert ("the prediction lies inside this one" in text) is (loose and inside)
 

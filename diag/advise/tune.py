@@ -205,6 +205,19 @@ def stop_pairs(changes: list, spent_s: float, pair_s: float, max_minutes: Option
     return ""
 
 
+_STOPPED = {"settled": "settled", "repeats": "the --repeats asked",
+            "max_repeats": "not settled at --max-repeats", "max_minutes": "not settled in --max-minutes"}
+
+
+def _pair_said(say, n: int, before: list, after: list, seconds: Optional[float], out: str) -> None:
+    """Progress: pair n's two runs' medians and its change (pair_changes), as it ends (seconds: the
+    pair's, where both its runs were timed here)."""
+    b, a = (median(x[-1]) if x[-1] else None for x in (before, after))
+    took = "" if seconds is None else f" ({seconds:.0f} s)"
+    steps = f"{1e3 * b:.1f} -> {1e3 * a:.1f} ms a step, {100 * (a / b - 1):+.1f}%" if a and b else "n/a"
+    say(f"pair {n}: {steps}{took}: {out}")
+
+
 def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float,
            shape: Optional[dict] = None) -> Diagnosis:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
@@ -246,7 +259,7 @@ def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
 
 def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
          repeats: int = 2, rule: Optional[str] = None, memory_per_gpu: Optional[float] = None,
-         max_repeats: Optional[int] = None, max_minutes: Optional[float] = None) -> TuneResult:
+         max_repeats: Optional[int] = None, max_minutes: Optional[float] = None, say=None) -> TuneResult:
     """Run `command` (a trainer command line), apply its top runnable recommendation (or the one of
     `rule`), re-run, compare. memory_per_gpu (bytes): the device capacity the recommender checks
     changes against (on CPU there is none to read).
@@ -258,9 +271,13 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     (settled: their median's interval 10 points wide or less, and within a quarter of the median
     either side) or there are max_repeats of them, or (max_minutes) one more pair would take the
     pairs past that many minutes (pairs timed as they run; the first "before" run not counted).
+    say (str -> None): told of each run as it ends, and of why the pairs stopped (progress).
     """
+    say = say or (lambda _: None)
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
+    t = time.monotonic()
     before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
+    say(f"before: {1e3 * before.step_s:.1f} ms a step ({time.monotonic() - t:.0f} s): {before.out}")
     advice = advise(before.diagnosis)
     recs = [r for r in advice.recommendations if r.command and r.runnable and (rule is None or r.rule == rule)]
     if not recs:
@@ -268,18 +285,21 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
         return TuneResult(before, None, None, message="no runnable recommendation" +
                           (f" of rule {rule}" if rule else "") + ": nothing to apply" +
                           "".join(f"; {n}" for n in declined))
+    say(f"applying: {recs[0].title} [{recs[0].rule}]")
     return confirm(before, recs[0], out_dir, python, timeout, repeats, shape, max_repeats=max_repeats,
-                   max_minutes=max_minutes)
+                   max_minutes=max_minutes, say=say)
 
 
 def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.executable, timeout: float = 600,
             repeats: int = 2, shape: Optional[dict] = None, price=None, max_repeats: Optional[int] = None,
-            max_minutes: Optional[float] = None) -> TuneResult:
+            max_minutes: Optional[float] = None, say=None) -> TuneResult:
     """Run `rec`'s command after `before` (its repeats alternating with before's), compare. `price`
     (diagnosis -> change or None): how a repeat of `before` prices the change (price_again).
     max_repeats: pairs past `repeats` while the pairs' changes have not settled (settled);
     max_minutes: and while one more pair (as long as the median repeated pair so far; before one,
-    twice the "after" run) keeps them within that many minutes of the "after" run's start."""
+    twice the "after" run) keeps them within that many minutes of the "after" run's start.
+    say: as tune's."""
+    say = say or (lambda _: None)
     start = time.monotonic()
     after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
     pairs_s: list = []                                    # the repeats' pairs, timed
@@ -288,6 +308,7 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
     ta = [measured_steps(after.out, after.diagnosis.run)]
     xb, xa = _traced(before.diagnosis), _traced(after.diagnosis)
     predicted = [rec.step_s_after / rec.step_s_before - 1]
+    _pair_said(say, 1, tb, ta, None, after.out)
     stopped = ""
     for i in range(1, max(repeats, max_repeats or 0)):
         if i >= repeats:
@@ -303,9 +324,11 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
             predicted.append(None)
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
         pairs_s.append(time.monotonic() - t)
+        _pair_said(say, i + 1, tb, ta, pairs_s[-1], os.path.join(out_dir, f"after-{i}"))
     if not stopped:                      # the loop ran out: settled by its last pair, or at its limit
         stopped = "settled" if settled(pair_changes(tb, ta)) else \
             "max_repeats" if (max_repeats or 0) > repeats else "repeats"
+    say(f"{len(tb)} pair{'s' * (len(tb) > 1)}: {_STOPPED[stopped]} ({time.monotonic() - start:.0f} s)")
     before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
     after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
     res = TuneResult(before, after, rec, predicted_change=float(median([p for p in predicted if p is not None])),

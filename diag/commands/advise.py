@@ -103,7 +103,7 @@ def tune(out_dir: str, repeats: int, max_repeats, max_minutes, timeout: float, r
     command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
     try:
         res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule, max_repeats=max_repeats,
-                       max_minutes=max_minutes,
+                       max_minutes=max_minutes, say=lambda m: click.echo(f"diag tune: {m}", err=True),
                        memory_per_gpu=memory_per_gpu * (1 << 30) if memory_per_gpu else None)
     except TuneError as e:
         _fail(str(e), 1)
