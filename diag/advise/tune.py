@@ -212,9 +212,10 @@ _STOPPED = {"settled": "settled", "repeats": "the --repeats asked",
 def _pair_said(say, n: int, before: list, after: list, seconds: Optional[float], out: str) -> None:
     """Progress: pair n's two runs' medians and its change (pair_changes), as it ends (seconds: the
     pair's, where both its runs were timed here)."""
-    b, a = (median(x[-1]) if x[-1] else None for x in (before, after))
+    change = pair_changes(before[-1:], after[-1:])
     took = "" if seconds is None else f" ({seconds:.0f} s)"
-    steps = f"{1e3 * b:.1f} -> {1e3 * a:.1f} ms a step, {100 * (a / b - 1):+.1f}%" if a and b else "n/a"
+    steps = (f"{1e3 * median(before[-1]):.1f} -> {1e3 * median(after[-1]):.1f} ms a step, {100 * change[0]:+.1f}%"
+             if change else "n/a")
     say(f"pair {n}: {steps}{took}: {out}")
 
 
@@ -325,15 +326,15 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
         repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
         pairs_s.append(time.monotonic() - t)
         _pair_said(say, i + 1, tb, ta, pairs_s[-1], os.path.join(out_dir, f"after-{i}"))
+    changes = pair_changes(tb, ta)
     if not stopped:                      # the loop ran out: settled by its last pair, or at its limit
-        stopped = "settled" if settled(pair_changes(tb, ta)) else \
-            "max_repeats" if (max_repeats or 0) > repeats else "repeats"
+        stopped = "settled" if settled(changes) else "max_repeats" if (max_repeats or 0) > repeats else "repeats"
     say(f"{len(tb)} pair{'s' * (len(tb) > 1)}: {_STOPPED[stopped]} ({time.monotonic() - start:.0f} s)")
     before.step_s, before.steps, before.trace_step_s = across_runs(tb), sum(map(len, tb)), float(median(xb))
     after.step_s, after.steps, after.trace_step_s = across_runs(ta), sum(map(len, ta)), float(median(xa))
     res = TuneResult(before, after, rec, predicted_change=float(median([p for p in predicted if p is not None])),
                      measured_change=paired_change(tb, ta), predicted_changes=predicted,
-                     measured_changes=pair_changes(tb, ta), stopped=stopped)
+                     measured_changes=changes, stopped=stopped)
     if before.trace_step_s and after.trace_step_s:
         res.trace_change = after.trace_step_s / before.trace_step_s - 1
     res.memory_before = measured_peak_memory(before.out, before.diagnosis)
