@@ -108,8 +108,8 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
             "take a few ms it outweighs the bubble removed (measured on CPU, ~2 ms actions: interleaved 1F1B "
             "+17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms actions ZB1P measured -21% "
             "against -19% predicted, and interleaved 1F1B measured short of its prediction: -14.1..-16.4% predicted, "
-            "its pairs of runs' median -10.1% on one day (20 pairs), -12.5% on the next (31 pairs; within 25% in five "
-            "of its six readings; benchmarks/README.md)")
+            "its pairs of runs' median -10.1% on one day (20 pairs), -12.5% on the next (31 pairs; within 25% in six "
+            "of its nine readings that day, its gain short of its price in eight; benchmarks/README.md)")
 
 
 def _host_overlap_caveat(ctx: Context) -> Optional[str]:
