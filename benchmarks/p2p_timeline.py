@@ -12,7 +12,12 @@ measures. Then, over the steps after --skip:
   late       waits that ended over 1 ms after the later of their own start and the other rank's
              last post before their end: the data was there to send, and came late;
   steps      the median step, over all steps and over the "clean" ones (no post or wait of either
-             rank over 1.5 ms beyond those bounds): what the late ones cost the step.
+             rank over 1.5 ms beyond those bounds): what the late ones cost the step;
+  schedule   per rank, `schedule.step` split, each part's median over the steps: its actions (each stage's
+             forward_one_chunk / backward_one_chunk / backward_weight_one_chunk, wall and CPU),
+             the stage's own forward/backward calls inside them (the rest of an action is the
+             stage's bookkeeping), the posts, the waits, and the rest: the schedule's own host
+             work between them (the last stage's loss too).
 
     python benchmarks/p2p_timeline.py --out DIR -- --nproc 2 --pipeline-model-parallel-size 2 ...
 
@@ -77,6 +82,24 @@ def _install(out: str) -> None:
     for cls in (S.PipelineScheduleSingle, S.PipelineScheduleMulti):
         wrap_step(cls)
 
+    from torch.distributed.pipelining import stage as G
+
+    def wrap_action(name, kind, what="action"):
+        original = getattr(G._PipelineStageBase, name)
+
+        def action(self, *a, **k):
+            t, cpu = time.monotonic_ns(), time.thread_time_ns()
+            r = original(self, *a, **k)
+            log.append((what, kind, t, time.monotonic_ns(), 1, time.thread_time_ns() - cpu, 0))
+            return r
+        setattr(G._PipelineStageBase, name, action)
+
+    for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"),
+                       ("backward_weight_one_chunk", "W")):
+        wrap_action(name, kind)
+    for name, kind in (("forward_maybe_with_nosync", "F"), ("backward_maybe_with_nosync", "B")):
+        wrap_action(name, kind, "core")
+
     def dump():
         with open(os.path.join(out, f"p2p-rank-{os.environ['RANK']}.json"), "w") as f:
             json.dump(log, f)
@@ -110,7 +133,7 @@ def analyse(out: str, skip: int) -> dict:
         for _, _, events in steps[r]:
             x = 0.0
             for kind, _desc, t0, t1, n, cpu, ivcsw in events:
-                if not n:
+                if not n or kind in ("action", "core"):
                     continue
                 wall = (t1 - t0) / 1e6
                 if kind == "post":
@@ -132,6 +155,18 @@ def analyse(out: str, skip: int) -> dict:
         res["ranks"][r] = {"posts": posts, "slow_posts": slow, "waits": waits, "late": late,
                            "slow_post_cpu_ms": st.median(slow_cpu) if slow_cpu else None,
                            "slow_post_switches": st.median(slow_ivcsw) if slow_ivcsw else None}
+    for r in (0, 1):
+        parts = {"actions": [], "action_cpu": [], "core": [], "posts": [], "waits": [], "rest": [], "n_actions": []}
+        for t0, t1, events in steps[r]:
+            got = {k: sum((e[3] - e[2]) / 1e6 for e in events if e[0] == k) for k in ("action", "post", "wait")}
+            parts["actions"].append(got["action"])
+            parts["core"].append(sum((e[3] - e[2]) / 1e6 for e in events if e[0] == "core"))
+            parts["action_cpu"].append(sum(e[5] / 1e6 for e in events if e[0] == "action"))
+            parts["posts"].append(got["post"])
+            parts["waits"].append(got["wait"])
+            parts["rest"].append((t1 - t0) / 1e6 - got["action"] - got["post"] - got["wait"])
+            parts["n_actions"].append(sum(e[0] == "action" for e in events))
+        res["ranks"][r]["schedule_ms"] = {k: st.median(v) for k, v in parts.items() if v}
     n = min(len(steps[0]), len(steps[1]))
     walls = [(steps[0][i][1] - steps[0][i][0]) / 1e6 for i in range(n)]
     clean = [w for i, w in enumerate(walls) if excess[0][i] + excess[1][i] == 0]
@@ -147,6 +182,11 @@ def report(res: dict) -> str:
               "each" if v["slow_posts"] else ""
         lines.append(f"rank {r}: {v['posts']} posts, {v['slow_posts']} over 1 ms{cpu}; {v['waits']} waits, "
                      f"{v['late']} over 1 ms late")
+        if v.get("schedule_ms"):
+            b = v["schedule_ms"]
+            lines.append(f"rank {r}, schedule.step, medians a step: {b['n_actions']:g} actions {b['actions']:.1f} ms "
+                         f"({b['action_cpu']:.1f} ms CPU; the stage's forward/backward calls in them {b['core']:.1f} ms), posts {b['posts']:.1f}, waits {b['waits']:.1f}, "
+                         f"the rest {b['rest']:.1f} ms")
     clean = f"{res['clean_step_ms']:.1f} ms" if res["clean_step_ms"] is not None else "-"
     lines.append(f"{res['steps']} steps: median {res['step_ms']:.1f} ms; {res['clean_steps']} clean (nothing over "
                  f"1.5 ms late on either rank): median {clean}")

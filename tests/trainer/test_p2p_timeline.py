@@ -40,6 +40,11 @@ def test_slow_posts_late_waits_and_clean_steps_worked_by_hand(tmp_path):
           ("wait", "fwd_send", 57 * MS, 57 * MS + 100_000, 1, 0, 0), ("step", None, 40 * MS, 90 * MS, 0, 0, 0),
           ("post", "fwd_send", 101 * MS, 101 * MS + 200_000, 1, 150_000, 0),
           ("wait", "fwd_send", 102 * MS, 102 * MS + 100_000, 1, 0, 0), ("step", None, 90 * MS, 135 * MS, 0, 0, 0)]
+    # rank 0's forwards, one a step: 8, 10 and 6 ms, of which the stage's own forward call 7, 9 and 5.5 ms
+    for i, (t0, wall, core) in enumerate(((1, 8, 7), (41, 10, 9), (91, 6, 5.5))):
+        at = r0.index(("step", None, *[(0, 40 * MS), (40 * MS, 90 * MS), (90 * MS, 135 * MS)][i], 0, 0, 0))
+        r0[at:at] = [("core", "F", t0 * MS + 100_000, int((t0 + core) * MS) + 100_000, 1, 0, 0),
+                     ("action", "F", t0 * MS, (t0 + wall) * MS, 1, int((wall - 0.5) * MS), 0)]
     r1 = [("post", "fwd_recv", 5 * MS, 5 * MS + 100_000, 1, 80_000, 0),
           ("wait", "fwd_recv", 5 * MS, 10 * MS + 300_000, 1, 0, 0), ("step", None, 0, 40 * MS, 0, 0, 0),
           ("post", "fwd_recv", 50 * MS, 50 * MS + 100_000, 1, 80_000, 0),
@@ -48,14 +53,25 @@ def test_slow_posts_late_waits_and_clean_steps_worked_by_hand(tmp_path):
           ("wait", "fwd_recv", 100 * MS, 104 * MS + 200_000, 1, 0, 0), ("step", None, 90 * MS, 135 * MS, 0, 0, 0)]
     _write(tmp_path, {0: r0, 1: r1})
     res = _tool().analyse(str(tmp_path), skip=0)
+    sched = res["ranks"][0].pop("schedule_ms")
     assert res["ranks"][0] == {"posts": 3, "slow_posts": 1, "waits": 3, "late": 0,
                                "slow_post_cpu_ms": pytest.approx(0.3), "slow_post_switches": 3}
+    # each part's median over the three steps; the rest: 40 - 8 - 0.2 - 0.1, 50 - 10 - 2 - 0.1, 45 - 6 - 0.2 - 0.1
+    assert sched == pytest.approx({"actions": 8.0, "action_cpu": 7.5, "core": 7.0, "posts": 0.2, "waits": 0.1,
+                                   "rest": 37.9, "n_actions": 1})
+    # rank 1 waits 5.3, 7.2 and 4.2 ms; the rest 40 - 0.1 - 5.3, 50 - 0.1 - 7.2, 45 - 0.1 - 4.2
+    assert res["ranks"][1]["schedule_ms"] == pytest.approx({"actions": 0.0, "action_cpu": 0.0, "core": 0.0,
+                                                            "posts": 0.1, "waits": 5.3, "rest": 40.7,
+                                                            "n_actions": 0})
     assert res["ranks"][1]["slow_posts"] == 0 and res["ranks"][1]["late"] == 1
     assert (res["steps"], res["clean_steps"]) == (3, 1)
     assert res["step_ms"] == pytest.approx(45.0) and res["clean_step_ms"] == pytest.approx(40.0)
     assert _tool().analyse(str(tmp_path), skip=1)["steps"] == 2
     # step 1's wait on rank 1 ends 0.2 ms after the peer's post: prompt
+    res["ranks"][0]["schedule_ms"] = sched
     assert "1 over 1 ms late" in _tool().report(res)
+    assert "rank 0, schedule.step, medians a step: 1 actions 8.0 ms (7.5 ms CPU; the stage's forward/backward " \
+           "calls in them 7.0 ms), posts 0.2, waits 0.1, the rest 37.9 ms" in _tool().report(res)
 
 
 def test_a_real_pipeline_run_through_it(tmp_path):
@@ -85,5 +101,14 @@ def test_a_real_pipeline_run_through_it(tmp_path):
             if e[0] == "step":
                 s = next(bounds, None)
                 continue
-            assert s[2] <= e[2] <= e[3] <= s[3] and e[2] >= last
-            last = e[2]
+            assert s[2] <= e[2] <= e[3] <= s[3]
+            if e[0] in ("post", "wait"):
+                assert e[2] >= last
+                last = e[2]
+        # four micro-batches, one stage a rank: a forward and a backward each, a step; the stage's own
+        # calls inside them; the parts of schedule.step no more than the step
+        sched = res["ranks"][str(r)]["schedule_ms"]
+        assert sched["n_actions"] == 8
+        assert 0 < sched["core"] <= sched["actions"]
+        assert sched["actions"] + sched["posts"] + sched["waits"] <= res["step_ms"] + 1e-6
+        assert sched["rest"] >= 0
