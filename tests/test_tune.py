@@ -125,6 +125,16 @@ def test_cli_tune_refuses_bad_input(tmp_path):
     assert r.exit_code == 1 and "trainer exited 2" in r.output
 
 
+def test_a_runs_command_says_no_trace_summary_once_and_its_own_out():
+    """tune runs each configuration without the trainer's background summaries; a re-run's command,
+    from a run tune made, says so already: once, whatever the command says, and tune's --out."""
+    from diag.advise.tune import _argv
+    argv = _argv("python -m instrumented_trainer --nproc 1 --no-trace-summary --out runs/a --train-iters 4 "
+                 "--no-trace-summary", "runs/b", "py")
+    assert argv == ["py", "-m", "instrumented_trainer", "--nproc", "1", "--train-iters", "4",
+                    "--no-trace-summary", "--out", "runs/b"]
+
+
 def test_a_run_slowed_throughout_does_not_set_the_step_time():
     """Three runs of one configuration, the last slowed throughout by other work: the median of the
     runs' medians (1.0, 1.1 and 5.0 s) is 1.1 s, where the steps pooled would give 1.1 s only by

@@ -102,7 +102,9 @@ def _argv(command: str, out: str, python: str) -> list[str]:
     if i is not None:
         del args[i:i + 2]
     # The trainer's background `diag summarize` would run in the very steps measured here (right
-    # after the profiler's window), and tune reads the traces at once itself: no summaries.
+    # after the profiler's window), and tune reads the traces at once itself: no summaries (said once:
+    # a re-run's command, from a run tune made, says it already).
+    args = [a for a in args if a != "--no-trace-summary"]
     return [python, "-m", "instrumented_trainer", *args, "--no-trace-summary", "--out", out]
 
 
