@@ -200,3 +200,20 @@ def test_pairs_stop_when_settled_or_when_one_more_would_pass_the_time_given():
     assert stop_pairs(loose, 100.0, 20.0, max_minutes=2) == ""          # 120 s: exactly the limit, made
     assert stop_pairs(loose, 100.0, 20.5, max_minutes=2) == "max_minutes"
     assert stop_pairs(loose, 0.0, 61.0, max_minutes=1) == "max_minutes"  # a pair dearer than the whole limit
+
+
+def test_bench_tune_says_under_its_table_which_levers_met_the_goal(monkeypatch):
+    """benchmarks/bench_tune.py's line under the table: the step within 25% and memory within 15%,
+    counted over the levers measured (a declined change priced at ~0 and an unmeasured lever have no
+    step error), the ones out named with their error."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_tune", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                   "bench_tune.py"))
+    b = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_tune", b)     # its dataclasses look their module up
+    spec.loader.exec_module(b)
+    rows = [b.Row(["bubble"], 0.55, -0.095), b.Row(["micro_batch"], 0.09, 0.059), b.Row(["dp_overlap"], None, 0.0),
+            b.Row(["interleave"], 0.25, 0.068), b.Row(["zero_down"], 0.26, -0.151), b._unmeasured("cp", "failed")]
+    assert b.goal(rows) == ("step change within 25% for 2 of 4 levers (out: bubble 55%, zero_down 26%); "
+                            "peak memory within 15% for 4 of 5 levers (out: zero_down 15.1%)")
