@@ -107,8 +107,8 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
     return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced: where actions "
             "take a few ms it outweighs the bubble removed (measured on CPU, ~2 ms actions: interleaved 1F1B "
             "+17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms actions ZB1P measured -21% "
-            "against -19% predicted, and interleaved 1F1B's gain fell short of its price in nine of ten readings on "
-            "one day (its pairs' medians -0.9..-14.5% against -12.5..-15.5%; within 25% in six), torch's multi-stage "
+            "against -19% predicted, and interleaved 1F1B's gain fell short of its price in ten of eleven readings on "
+            "one day (its pairs' medians -0.9..-14.5% against -12.5..-15.5%; within 25% in seven), torch's multi-stage "
             "runtime taking ~5.7 ms more of each rank's untraced step than 1F1B's (benchmarks/README.md)")
 
 
