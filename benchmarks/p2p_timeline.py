@@ -158,13 +158,12 @@ def analyse(out: str, skip: int) -> dict:
     for r in (0, 1):
         parts = {"actions": [], "action_cpu": [], "core": [], "posts": [], "waits": [], "rest": [], "n_actions": []}
         for t0, t1, events in steps[r]:
-            got = {k: sum((e[3] - e[2]) / 1e6 for e in events if e[0] == k) for k in ("action", "post", "wait")}
-            parts["actions"].append(got["action"])
-            parts["core"].append(sum((e[3] - e[2]) / 1e6 for e in events if e[0] == "core"))
+            wall = {k: sum((e[3] - e[2]) / 1e6 for e in events if e[0] == k)
+                    for k in ("action", "core", "post", "wait")}
+            for part, k in (("actions", "action"), ("core", "core"), ("posts", "post"), ("waits", "wait")):
+                parts[part].append(wall[k])
             parts["action_cpu"].append(sum(e[5] / 1e6 for e in events if e[0] == "action"))
-            parts["posts"].append(got["post"])
-            parts["waits"].append(got["wait"])
-            parts["rest"].append((t1 - t0) / 1e6 - got["action"] - got["post"] - got["wait"])
+            parts["rest"].append((t1 - t0) / 1e6 - wall["action"] - wall["post"] - wall["wait"])
             parts["n_actions"].append(sum(e[0] == "action" for e in events))
         res["ranks"][r]["schedule_ms"] = {k: st.median(v) for k, v in parts.items() if v}
     n = min(len(steps[0]), len(steps[1]))
@@ -185,7 +184,8 @@ def report(res: dict) -> str:
         if v.get("schedule_ms"):
             b = v["schedule_ms"]
             lines.append(f"rank {r}, schedule.step, medians a step: {b['n_actions']:g} actions {b['actions']:.1f} ms "
-                         f"({b['action_cpu']:.1f} ms CPU; the stage's forward/backward calls in them {b['core']:.1f} ms), posts {b['posts']:.1f}, waits {b['waits']:.1f}, "
+                         f"({b['action_cpu']:.1f} ms CPU; the stage's forward/backward calls in them "
+                         f"{b['core']:.1f} ms), posts {b['posts']:.1f}, waits {b['waits']:.1f}, "
                          f"the rest {b['rest']:.1f} ms")
     clean = f"{res['clean_step_ms']:.1f} ms" if res["clean_step_ms"] is not None else "-"
     lines.append(f"{res['steps']} steps: median {res['step_ms']:.1f} ms; {res['clean_steps']} clean (nothing over "

@@ -97,18 +97,24 @@ def test_a_real_pipeline_run_through_it(tmp_path):
         bounds = iter(steps)
         s = next(bounds)
         last = 0
+        spans: list = []                      # the step's actions, posts and waits
         for e in log:
             if e[0] == "step":
+                # the parts schedule.step is split into never overlap: the rest between them is >= 0
+                spans.sort()
+                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+                spans = []
                 s = next(bounds, None)
                 continue
             assert s[2] <= e[2] <= e[3] <= s[3]
             if e[0] in ("post", "wait"):
                 assert e[2] >= last
                 last = e[2]
+            if e[0] != "core":
+                spans.append((e[2], e[3]))
         # four micro-batches, one stage a rank: a forward and a backward each, a step; the stage's own
-        # calls inside them; the parts of schedule.step no more than the step
+        # calls inside them
         sched = res["ranks"][str(r)]["schedule_ms"]
         assert sched["n_actions"] == 8
         assert 0 < sched["core"] <= sched["actions"]
-        assert sched["actions"] + sched["posts"] + sched["waits"] <= res["step_ms"] + 1e-6
         assert sched["rest"] >= 0
