@@ -330,15 +330,16 @@ def test_zero_bubble_schedule_is_simulated(tmp_path):
 
 
 def test_schedule_changes_on_a_cpu_timeline_are_low_confidence_and_say_why():
-    """The pipelining runtime's host work per action is not in the model; on a CPU trace the
-    schedule levers say so and are low confidence, whatever the fit (the synthesised GPU jobs
-    above keep the fit's confidence)."""
+    """The multi-stage pipelining runtime's extra host work per action is not in the model; on a CPU
+    trace the schedule levers say so and are low confidence, whatever the fit (the synthesised GPU
+    jobs above keep the fit's confidence)."""
     d = with_advice(diagnose(load_job("sample_traces/tp2_pp2_dp2")))
     recs = {r.rule: r for r in d.recommendations}
     assert {"zero_bubble", "interleave"} <= set(recs)
     for rule in ("zero_bubble", "interleave"):
         assert recs[rule].confidence == "low"
-        assert any("pipelining runtime's extra host work" in a for a in recs[rule].assumptions)
+        assert any("multi-stage runtime's extra host work per action is not priced" in a
+                   for a in recs[rule].assumptions)
 
 
 def test_a_loss_whose_every_change_prices_no_gain_is_said_not_dropped():

@@ -260,6 +260,29 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
     return host, dtensor
 
 
+def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float, list]:
+    """(seconds between two actions of a stage, per stage the idle per step less those gaps): the
+    pipelining runtime's host time between a stage's consecutive forwards and backwards where nothing
+    else runs (analysis ActionGaps: on a host timeline its Python, on a GPU the device waiting for it),
+    per action, so that a schedule with more actions a step (interleaved, zero bubble, more micro-batches)
+    pays it more often; the rest of the idle stays the per-kernel launch overhead. With PP > 1 and every
+    rank's actions read only; else (0, idle), the gaps left in the launch overhead, as before."""
+    gaps = [r.action_gaps for r in d.ranks]
+    if pp < 2 or not all(g is not None and g.gaps for g in gaps):
+        return 0.0, idle
+    per_step = _per_stage(d, pp, lambda r: r.action_gaps.idle_s / max(r.window_steps, 1))
+    if any(g > i for g, i in zip(per_step, idle)):       # cannot be: the gaps' idle is a part of the idle
+        return 0.0, idle
+    per_gap = float(np.mean([g.idle_s / g.gaps for g in gaps]))
+    n = round(float(np.mean([g.gaps for g in gaps])) / _steps(d))
+    notes.append(f"pipelining runtime's host time {per_gap * 1e3:.3g} ms between two actions of a stage, from the idle "
+                 f"between consecutive forwards and backwards ({float(np.mean(per_step)) * 1e3:.3g} ms a step over "
+                 f"~{n} gaps, mean over ranks): paid before each action but a step's first, so more often with more "
+                 "actions a step (interleaving, zero bubble, micro-batches); taken out of the idle the launch "
+                 "overhead is read from")
+    return per_gap, [i - g for i, g in zip(idle, per_step)]
+
+
 def _optimizer(d: Diagnosis, pp: int, tap: float, notes: list) -> list[float]:
     """Per stage, the optimizer's compute per step: the compute inside torch.optim's `Optimizer.step`
     spans (on a GPU, the kernels launched from inside one) in the pipeline Gantt's step of each rank
@@ -562,6 +585,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     compute = [c - tap - fsdp_tap for c in _per_stage(d, pp, _per_step("compute_s"))]
     step -= tap + fsdp_tap + fsdp_comm_tap
     idle = _per_stage(d, pp, _per_step("idle_s"))
+    action, idle = _action_host(d, pp, idle, notes)
     per_stage_halves = m * HALVES * layers // pp
     launch = float(median(idle)) / per_stage_halves
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
@@ -603,7 +627,7 @@ def calibrate(d: Diagnosis) -> Calibration:
                     "pipeline's flush: held apart, per stage " + ", ".join(f"{o * 1e3:.3g}" for o in opt)
                     + " ms, their mean run on every stage)" if any(opt) else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {median(idle) * 1e3:.3g} ms "
-                 f"idle per step over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
+                 f"idle per step{' (less the gaps between actions)' * (action > 0)} over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
              "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],
              "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}
@@ -621,7 +645,8 @@ def calibrate(d: Diagnosis) -> Calibration:
                bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp)
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, recompute=recompute,
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, action_host_s=action,
+                 recompute=recompute,
                  optimizer_s=float(np.mean(opt)) * c.optimizer_ranks,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,

@@ -70,6 +70,10 @@ class Workload:
     grad_bytes: float = 0.0         # gradient bytes of the whole unsharded model
     optimizer_s: float = 0.0        # at TP = PP = 1; scales 1 / (tp * pp)
     launch_overhead_s: float = 0.0  # added to every compute kernel
+    action_host_s: float = 0.0      # the pipelining runtime's time between two actions of a stage (its host
+                                    # work where nothing else runs: analysis ActionGaps), paid before every
+                                    # action but a step's first, with PP > 1: held per action when the
+                                    # schedule or the micro-batches change
     recompute: str = "none"         # "none" | "full" (one more forward per micro-batch in backward)
     host_fixed_s_per_layer: float = 0.0  # host operators' fixed cost, one layer, one micro-batch, forward +
                                          # backward: the same at any micro-batch size and TP (CPU timelines)
@@ -95,7 +99,7 @@ class Workload:
             raise ValueError(f"num_layers must be a positive integer, got {self.num_layers!r}")
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
-        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s",
+        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s", "action_host_s",
                      "host_fixed_s_per_layer", "dtensor_s_per_layer", "fsdp_s_per_layer",
                      "fsdp_optimizer_s_per_layer", "param_bytes"):
             if not getattr(self, name) >= 0:
@@ -260,7 +264,8 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0) -> 
         chunks=c.virtual_stages, weight_share=w.weight_share, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,
-        cp_dkv_s=gather_s(cp_dkv, c.cp, links.cp, links.latency_s), cp_dkv_bytes=cp_dkv)
+        cp_dkv_s=gather_s(cp_dkv, c.cp, links.cp, links.latency_s), cp_dkv_bytes=cp_dkv,
+        action_s=w.action_host_s if c.pp > 1 else 0.0)
 
 
 def place(grid: RankGrid, rank: int) -> Place:

@@ -100,15 +100,20 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
 
 
 def _host_schedule_caveat(ctx: Context) -> Optional[str]:
-    """On a host (CPU) timeline a pipeline schedule's change costs the runtime's extra work per action,
-    which the model does not price (measured: benchmarks/README.md): said, and the confidence low."""
+    """On a host (CPU) timeline a pipeline schedule's change costs the runtime's host work per action:
+    the model prices it at what the run's trace shows between its actions (Workload.action_host_s),
+    but torch's multi-stage runtime takes more per action than the single-stage one a 1F1B trace
+    shows (measured: benchmarks/README.md): said, and the confidence low."""
     if not ctx.d.host_timeline:
         return None
-    return ("on a CPU timeline the pipelining runtime's extra host work per action is not priced: where actions "
-            "take a few ms it outweighs the bubble removed (measured on CPU, ~2 ms actions: interleaved 1F1B "
-            "+17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms actions ZB1P measured -21% "
-            "against -19% predicted, and interleaved 1F1B's gain fell short of its price in ten of eleven readings on "
-            "one day (its pairs' medians -0.9..-14.5% against -12.5..-15.5%; within 25% in seven), torch's multi-stage "
+    return ("on a CPU timeline the pipelining runtime's host time between actions is priced at what this trace shows, "
+            "but torch's multi-stage runtime (interleaved 1F1B, ZB1P) spends more per action than the single-stage "
+            "one a 1F1B trace shows (~1.0 against ~0.66 ms measured): the multi-stage runtime's extra host work per "
+            "action is not priced. Where actions take a few ms it outweighs the bubble removed (measured on CPU, "
+            "~2 ms actions: interleaved 1F1B +17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms "
+            "actions ZB1P measured -21% against -19% predicted, and interleaved 1F1B's gain fell short of its price "
+            "in ten of eleven readings on one day (its pairs' medians -0.9..-14.5% against -12.5..-15.5% before "
+            "the runtime was priced per action, which moved it ~0.6 points; within 25% in seven), the multi-stage "
             "runtime taking ~5.7 ms more of each rank's untraced step than 1F1B's (benchmarks/README.md)")
 
 

@@ -147,6 +147,7 @@ class StageCosts:
     cp_bytes: int = 0
     cp_dkv_s: float = 0.0           # one permute of the rank's dK, dV shard (an all-to-all on the CP group)
     cp_dkv_bytes: int = 0
+    action_s: float = 0.0           # the pipelining runtime's host time before each action but a step's first (after its receive)
 
 
 @record(frozen=True)
@@ -176,6 +177,14 @@ class ProgramWriter:
         self._seq: dict = {}
         self._rs = 0
         self._closing = {b[0]: i for i, b in enumerate(costs.buckets)}   # layer that closes each bucket
+        self.runtime = 0.0              # the pipelining runtime's host time before the next action's compute
+
+    def _runtime(self) -> None:
+        """The runtime's host time between two actions (StageCosts.action_s), after the action's
+        receive: measured as idle no wait covers (ActionGaps), it is not hidden behind one here either."""
+        if self.runtime > 0:
+            self.main.append(Instr("idle", "pp runtime", self.runtime))
+            self.runtime = 0.0
 
     def _key(self, *what) -> tuple:
         """An event key of this rank: launches and waits never pair across ranks."""
@@ -257,6 +266,7 @@ class ProgramWriter:
         p, per_chunk = self.p, self.c.layers // self.c.chunks
         if (src := self._virtual(chunk, -1)) is not None:
             self.main.append(self._p2p("recv", "act", mb, src[0], p.rank, chunk))
+        self._runtime()
         for j in range(per_chunk):
             if self.c.zero >= 3:
                 self._gather(("F", mb, chunk), j, per_chunk)
@@ -273,6 +283,7 @@ class ProgramWriter:
         per_chunk = c.layers // c.chunks
         if (src := self._virtual(chunk, +1)) is not None:
             self.main.append(self._p2p("recv", "grad", mb, src[0], p.rank, chunk))
+        self._runtime()
         half = c.bwd_half_s * (1 - c.weight_share) if split else c.bwd_half_s
         for j, layer in enumerate(self._backward_layers(chunk)):
             if c.zero >= 3:
@@ -292,6 +303,7 @@ class ProgramWriter:
     def weight(self, mb: int, last: bool, chunk: int = 0) -> None:
         """The zero-bubble schedule's weight-gradient pass ("W"): no communication of its own;
         the layer's gradients are ready after it (DP bucket, ZeRO-3 reduce-scatter)."""
+        self._runtime()
         for layer in self._backward_layers(chunk):
             self.main.append(Instr("compute", "bwd_weight", 2 * self.c.bwd_half_s * self.c.weight_share))
             self._gradients_ready(layer, last)
@@ -342,8 +354,9 @@ def step_program(schedule: str, m: int, place: Place, costs: StageCosts, step: i
     w.main.append(Instr("mark", key=("step", step)))
     if delay_s > 0:
         w.main.append(Instr("idle", "straggler delay", delay_s))
-    for kind, mb, *chunk in stage_order(schedule, place.stages, place.stage, m, costs.chunks):
+    for i, (kind, mb, *chunk) in enumerate(stage_order(schedule, place.stages, place.stage, m, costs.chunks)):
         ch = chunk[0] if chunk else 0
+        w.runtime = costs.action_s if i else 0.0
         if kind == "F":
             w.forward(mb, ch)
         elif kind == "W":

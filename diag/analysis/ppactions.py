@@ -35,6 +35,7 @@ from . import intervals as iv
 from .collectives import RankComms
 from .hostlink import kernel_spans
 from .ppwaits import P2P_OPS, P2PWaits, gpu_waits, host_waits, main_thread
+from .results import ActionGaps
 from .steps import Window, _step_of
 from ..record import record
 
@@ -205,3 +206,24 @@ def read_rank(rt: RankTrace, w: Window, timeline: str, rc: RankComms) -> PPTrace
     waits = gpu_waits(rc) if timeline == "gpu" else host_waits(rt, w, in_window, main)
     return PPTrace(source=source, overlapped=overlapped, act_step=step, act_stage=stage, act_kind=kind,
                    act_mb=mb, act_start_ns=start, act_end_ns=end, p2p=waits)
+
+
+def action_gaps(pp: PPTrace, busy: iv.Intervals) -> Optional[ActionGaps]:
+    """The idle between consecutive actions of each step (results.ActionGaps): from the latest end of
+    the step's actions so far to the next one's start, less what `busy` (the rank's timeline: every op
+    or kernel) covers there. Actions of unknown span are left out; None where no step has two actions."""
+    known = (pp.act_start_ns >= 0) & (pp.act_end_ns >= 0)
+    lo, hi = [], []
+    for s in distinct(pp.act_step[known]).tolist():
+        sel = known & (pp.act_step == s)
+        order = np.argsort(pp.act_start_ns[sel], kind="stable")
+        start, end = pp.act_start_ns[sel][order], pp.act_end_ns[sel][order]
+        lo.append(np.maximum.accumulate(end)[:-1])
+        hi.append(start[1:])
+    lo, hi = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (lo, hi))
+    if lo.size == 0:
+        return None
+    hi = np.maximum(hi, lo)
+    idle = (hi - lo) - iv.lengths_in_windows(busy, lo, hi)
+    return ActionGaps(idle_s=float(np.clip(idle, 0, None).sum()) * 1e-9, gaps=int(lo.size),
+                      actions=int(known.sum()))

@@ -24,7 +24,8 @@ from .hostops import host_ops
 from .kernels import top_kernels
 from .memuse import RankMemory, compute_device, rank_memory
 from .layoutfind import compact_pg_config
-from .ppactions import PPTrace, read_rank
+from . import intervals as iv
+from .ppactions import PPTrace, action_gaps, read_rank
 from .results import RankResult, StepTime
 from .shapes import attention_kind
 from .steps import stub_last, window_of
@@ -105,6 +106,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
     notes += [f"{n} {what}" for what, n in rt.skipped.items()]
     comms = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
     comms.rank = rank
+    pp = read_rank(rt, w, timeline, comms)
     result = RankResult(
         rank=rank, file=rt.path, device=device_name(rt), timeline=timeline,
         breakdown=breakdown, overlap=overlap, steps=step_list,
@@ -112,11 +114,12 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         top_kernels=top_kernels(t, w.rows, top_n) if timeline == "gpu" else [],
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
         host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None,
-        backward=backward_split(rt, w, timeline, sets.compute))
+        backward=backward_split(rt, w, timeline, sets.compute),
+        action_gaps=action_gaps(pp, iv.union(sets.compute, sets.comm, sets.memory, sets.other)))
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
                        gantt=gantt_input(rt, w, timeline, sets.compute),
-                       pg_config=compact_pg_config(rt.pg_config), pp=read_rank(rt, w, timeline, comms),
+                       pg_config=compact_pg_config(rt.pg_config), pp=pp,
                        gemms=[[op, [list(d) for d in dims], int(n)] for (op, dims), n in rt.gemms.items()],
                        dtensor=bool(t.name_mask(DTENSOR_RE.match).any()), memory=rank_memory(rt, w, timeline),
                        attention=attention_kind(t.symbols.names), host=rt.host)

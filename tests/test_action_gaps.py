@@ -1,0 +1,189 @@
+"""The idle between a rank's consecutive pipeline actions (ActionGaps), and the step-time model
+paying it per action.
+
+Hand-made traces give cases worked by hand (µs). Real traces, CPU and GPU, check the figure
+against truth read here from the raw JSON: the gaps between the actions diag found (their
+spans are checked against the raw annotations and compute in test_gantt_labels), less what the
+raw events cover there (every host op on a host timeline, every kernel, copy and set on a GPU),
+summed in this file's own code.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kineto import TraceBuilder
+
+from diag.advise import Config, Links, Workload, simulate, step_time
+from diag.advise.calibrate import calibrate
+from diag.advise.model import place, stage_costs
+from diag.advise.schedule import step_program
+from diag.advise.synth import write_job
+from diag.analysis import diagnose
+from diag.analysis.rankpass import summarize
+from diag.analysis.results import ActionGaps
+from diag.trace import load_job
+from diag.trace.job import load_rank
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = os.path.join(ROOT, "sample_traces")
+MS = 1e-3
+
+
+# -- hand-made traces -----------------------------------------------------------------------------
+def test_gaps_between_annotated_actions_less_what_runs_there(tmp_path):
+    """Host, two steps. Step 1: PP:0F0 10-100, PP:0F1 130-200 (a 10 µs op at 110 in the gap: 20 idle),
+    PP:0B0 200-300 (no gap), PP:0B1 350-400 (idle 350 - 300 = 50, an op on another thread at 320-330
+    covers 10 of it: 40). Step 2: DualPipeV's overlapped pair 1010-1100 counts twice, its second
+    action with no gap; PP:0F2 1150-1200: 50 idle. An op before the first action (step 2, 1001) is
+    in no gap. Step 3, the window's last, is left out as every per-step figure leaves it. 20 + 40 + 50 =
+    110 µs over 3 + 2 gaps, 4 + 3 actions."""
+    b = TraceBuilder(rank=0, world_size=2, backend="gloo").step(1, 0, 1000).step(2, 1000, 1000).step(3, 2000, 1000)
+    for name, lo, hi in (("PP:0F0", 10, 100), ("PP:0F1", 130, 200), ("PP:0B0", 200, 300), ("PP:0B1", 350, 400),
+                         ("PP:(0F3;0B2)OVERLAP_F_B", 1010, 1100), ("PP:0F2", 1150, 1200)):
+        b.cpu_op(name, lo, hi - lo, cat="user_annotation")
+        b.cpu_op("aten::mm", lo + 1, hi - lo - 2)
+    b.cpu_op("aten::copy_", 110, 10)
+    b.cpu_op("aten::add", 320, 10, tid=7)
+    b.cpu_op("aten::zero_", 1001, 5)
+    b.cpu_op("PP:0F0", 2010, 50, cat="user_annotation").cpu_op("PP:0F1", 2100, 50, cat="user_annotation")
+    g = summarize(load_rank(b.write(str(tmp_path / "rank0.json")))).result.action_gaps
+    assert (g.gaps, g.actions) == (5, 7)
+    assert g.idle_s == pytest.approx(110e-6, abs=1e-12)
+    assert g.per_gap_s == pytest.approx(22e-6, abs=1e-12)
+
+
+def test_no_gaps_without_two_actions_in_a_step(tmp_path):
+    b = TraceBuilder(rank=0, world_size=2, backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    b.cpu_op("PP:0F0", 10, 90, cat="user_annotation")
+    b.cpu_op("PP:0B0", 1010, 90, cat="user_annotation")
+    b.cpu_op("aten::mm", 20, 50)
+    assert summarize(load_rank(b.write(str(tmp_path / "rank0.json")))).result.action_gaps is None
+
+
+# -- real traces: truth from the raw JSON ---------------------------------------------------------
+def _merged(pairs: list) -> list:
+    out = []
+    for a, z in sorted(pairs):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], z)
+        else:
+            out.append([a, z])
+    return out
+
+
+def raw_truth(path: str, pp) -> tuple[float, int]:
+    """(idle s, gaps) between the actions `pp` holds, from the raw JSON: on a host timeline every
+    host op and annotation but ProfilerStep covers time, on a GPU every kernel, copy and set."""
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    gpu = any(e.get("cat") == "kernel" for e in ev)
+    cats = ("kernel", "gpu_memcpy", "gpu_memset") if gpu else ("cpu_op", "user_annotation")
+    rt = load_rank(path)
+    t = rt.events
+    first = int(np.flatnonzero(t.name_mask(lambda s: s.startswith("ProfilerStep")))[0])
+    name = t.symbols[int(t.name_id[first])]
+    (st,) = [e for e in ev if e["name"] == name and e.get("cat") == "user_annotation"]
+    off = round(st["ts"] * 1000) - int(t.ts_ns[first])      # diag's clock: the trace's, in ns, from an origin
+    busy = _merged([(round(e["ts"] * 1000) - off, round((e["ts"] + e["dur"]) * 1000) - off) for e in ev
+                    if e.get("cat") in cats and not e["name"].startswith("ProfilerStep")])
+    idle, gaps = 0, 0
+    for step in sorted(set(pp.act_step.tolist())):
+        sel = pp.act_step == step
+        acts = sorted(zip(pp.act_start_ns[sel].tolist(), pp.act_end_ns[sel].tolist()))
+        reached = acts[0][1]
+        for a, z in acts[1:]:
+            gaps += 1
+            if a > reached:
+                idle += (a - reached) - sum(max(0, min(a, hi) - max(reached, lo)) for lo, hi in busy)
+            reached = max(reached, z)
+    return idle * 1e-9, gaps
+
+
+@pytest.mark.parametrize("trace", ["pp2_m2/rank-0", "pp2_m2/rank-1", "tp2_pp2_dp2/rank-0", "tp2_pp2_dp2/rank-7",
+                                   "h200_pp2_memory/rank-0", "h200_pp2_memory/variants/interleaved/rank-1",
+                                   "h200_tp2_pp2_dp2/rank-0"])
+def test_real_traces_against_the_raw_json(trace):
+    """CPU 1F1B (actions from the compute's order), GPU 1F1B, GPU interleaved (PP:<action>)."""
+    path = os.path.join(SAMPLES, trace + ".pt.trace.json.gz")
+    s = summarize(load_rank(path))
+    g = s.result.action_gaps
+    idle, gaps = raw_truth(path, s.pp)
+    assert g is not None and g.gaps == gaps and gaps > 0
+    assert g.idle_s == pytest.approx(idle, abs=gaps * 2e-9)    # a ns of rounding at each end of a gap
+    assert 0 < g.idle_s < s.result.breakdown.idle_s
+
+
+# -- the model ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule,v,actions", [("1f1b", 1, 8), ("gpipe", 1, 8), ("interleaved", 2, 16),
+                                                ("zb1p", 1, 12)])
+def test_the_runtime_is_paid_before_every_action_but_the_first(schedule, v, actions):
+    """p = 2, m = 4: 1F1B and GPipe run 2m actions a stage, interleaving 2mv, ZB1P 3m (F, I, W)."""
+    w = Workload(num_layers=4, fwd_s_per_layer=MS, action_host_s=0.3 * MS)
+    c = Config(pp=2, num_micro_batches=4, schedule=schedule, virtual_stages=v)
+    for rank in range(2):
+        main = step_program(schedule, 4, place(c.grid, rank), stage_costs(w, c, Links()), 0)["main"]
+        runtime = [i for i in main if i.name == "pp runtime"]
+        assert len(runtime) == actions - 1 and {i.what for i in runtime} == {"idle"}
+        assert {i.dur_s for i in runtime} == {0.3 * MS}
+    one = replace(c, pp=1, schedule="1f1b", virtual_stages=1)     # no pipelining runtime at PP 1
+    main = step_program("1f1b", 4, place(one.grid, 0), stage_costs(w, one, Links()), 0)["main"]
+    assert not [i for i in main if i.name == "pp runtime"]
+
+
+def test_runtime_on_the_critical_path_worked_by_hand():
+    """p = 2, free links, forward f a stage, backward 2f, runtime a. m = 1: stage 1 runs F0 then
+    a, B0; stage 0 waits for B0's gradient, then a, B0: 3f + 3f + 2a. m = 2: stage 0 F0 [0, f],
+    a, F1 [f+a, 2f+a]; stage 1 F0 [f, 2f], a, B0 [2f+a, 4f+a], a, F1 [4f+2a, 5f+2a], a, B1
+    [5f+3a, 7f+3a]; stage 0 B0 after its gradient and a [4f+2a, 6f+2a], B1 [7f+4a, 9f+4a]."""
+    f, a = 1 * MS, 0.3 * MS
+    w = Workload(num_layers=2, fwd_s_per_layer=f, action_host_s=a)
+    assert step_time(w, Config(pp=2, num_micro_batches=1), Links()) == pytest.approx(6 * f + 2 * a, rel=1e-9)
+    assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == pytest.approx(9 * f + 4 * a, rel=1e-9)
+    assert step_time(replace(w, action_host_s=0.0), Config(pp=2, num_micro_batches=2), Links()) == \
+        pytest.approx(9 * f, rel=1e-9)
+
+
+# -- calibration ----------------------------------------------------------------------------------
+def _job(tmp_path, pp: int = 2):
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS)
+    c = Config(pp=pp, num_micro_batches=4)
+    write_job(simulate(w, c, Links(), steps=4), str(tmp_path), c, w)
+    return diagnose(load_job(str(tmp_path)))
+
+
+def _given(d, idle_ms: list, gap_ms: list, gaps_a_step: int) -> None:
+    """Each rank's idle per step and the idle in its gaps between actions, as its trace would say."""
+    for r, i, g in zip(d.ranks, idle_ms, gap_ms):
+        n = r.window_steps
+        r.breakdown = replace(r.breakdown, idle_s=i * MS * n)
+        r.action_gaps = ActionGaps(idle_s=g * MS * n, gaps=gaps_a_step * n, actions=(gaps_a_step + 1) * n)
+
+
+def test_calibration_takes_the_gaps_out_of_the_launch_overhead(tmp_path):
+    """PP 2, m = 4, 2 layers a stage: 4 x 4 x 2 = 32 modelled kernels a stage a step. Stage 0 idles
+    10 ms a step, 2.1 of it in its 7 gaps between actions (0.3 ms each); stage 1 6 ms, 1.4 in its
+    gaps (0.2 ms each). The runtime: 0.25 ms an action (the ranks' mean); the launch overhead the
+    median of what is left, (7.9 + 4.6) / 2 / 32 ms, where it was (10 + 6) / 2 / 32 without."""
+    d = _job(tmp_path)
+    _given(d, [10, 6], [2.1, 1.4], 7)
+    cal = calibrate(d)
+    assert cal.workload.action_host_s == pytest.approx(0.25 * MS, rel=1e-9)
+    assert cal.workload.launch_overhead_s == pytest.approx((7.9 + 4.6) / 2 / 32 * MS, rel=1e-9)
+    assert any("pipelining runtime's host time 0.25 ms between two actions" in a for a in cal.assumptions)
+    for r in d.ranks:
+        r.action_gaps = None                  # a rank without them: none is priced, the idle all launch
+    cal = calibrate(d)
+    assert cal.workload.action_host_s == 0.0
+    assert cal.workload.launch_overhead_s == pytest.approx((10 + 6) / 2 / 32 * MS, rel=1e-9)
+
+
+def test_no_runtime_without_a_pipeline(tmp_path):
+    d = _job(tmp_path, pp=1)
+    _given(d, [10], [2.1], 7)
+    assert calibrate(d).workload.action_host_s == 0.0
