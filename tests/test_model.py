@@ -321,6 +321,19 @@ def test_zero_bubble_fills_the_1f1b_waits_with_weight_gradients():
         assert step_time(w, Config(pp=p, num_micro_batches=m), Links()) == approx((m + p - 1) * 3 * f)
 
 
+def test_split_backward_extra_paid_past_the_first_stage_under_zero_bubble_only():
+    """As above (p = 2, m = 2, F = I = W = f), stage 1's split backward e = 50% dearer: its I and W
+    take x = 1.5f. Stage 1: F0 [f, 2f], I0 [2f, 2f+x], F1 [, 3f+x], I1 [, 3f+2x], W0, W1 end at
+    3f + 4x = 9f; stage 0: I0 after I0's gradient [2f+x, 3f+x], W0 [, 4f+x], I1 after its gradient
+    at 3f + 2x = 6f, W1 ends at 8f, where its next step starts: its F0 reaches stage 1 at 9f, as
+    stage 1 ends its step. Steady state, the step is stage 1's work, never waiting: 2f + 4x = 8f
+    (7f unpriced). 1F1B keeps its fused backward: 9f as before."""
+    f = 1 * MS
+    w = Workload(num_layers=2, fwd_s_per_layer=f, split_backward_extra=0.5)
+    assert step_time(w, Config(pp=2, num_micro_batches=2, schedule="zb1p"), Links()) == approx(8 * f)
+    assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == approx(9 * f)
+
+
 def test_zero3_blocking_gathers_pay_every_layer():
     """On a host timeline (gloo runs the collective in the call) ZeRO-3's gathers and scatters hold
     the thread: every layer pays its two all-gathers and its reduce-scatter, m·L·(2a + 3f + r)."""

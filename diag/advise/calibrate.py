@@ -35,6 +35,12 @@ BWD_RATIO = 2.0
 # to be fitted: closer, the difference is within the spread of a median of a few steps.
 UNTRACED_MARGIN = 0.01
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
+# torch's split backward (ScheduleInterleavedZeroBubble: the input gradients, then the weight gradients, in two
+# autograd passes) over the fused backward on a stage past the first, on a host timeline: measured on CPU with torch
+# 2.13, the trainer's zero-bubble job against its 1F1B job, backward over forward per step in six pairs of
+# untraced runs, 1.10-1.18x (median 1.14); the first stage, whose input needs no gradient, 0.92-1.04x
+# (benchmarks/README.md). On a GPU it is not measured: 0, said.
+SPLIT_BACKWARD_EXTRA = 0.14
 
 
 class CalibrationError(ValueError):
@@ -650,7 +656,8 @@ def calibrate(d: Diagnosis) -> Calibration:
                  optimizer_s=float(np.mean(opt)) * c.optimizer_ranks,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
-                 weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)))
+                 weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)),
+                 split_backward_extra=SPLIT_BACKWARD_EXTRA if host_timeline else 0.0)
     if w.shared_cores and c.grad_ranks > 1:
         notes.append(f"{host_words(meta)} (the run's facts): gloo's threads run the collectives on the compute's "
                      "cores, so a DP reduction overlapped with backward is priced as if it were not (no idle core "

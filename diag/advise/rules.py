@@ -93,10 +93,22 @@ def zero_bubble(ctx: Context, e: list) -> list[Recommendation]:
                         "(p-1)(F+B-W) (Qi et al. 2023, ZB-H1); every stage then holds min(m, p) micro-batches, as the "
                         "first does under 1F1B (the deferred weight passes keep their layers' inputs)",
                     assumptions=[f"weight gradients {ctx.cal.workload.weight_share:.0%} of each layer's backward "
-                                 "(model calibration)",
+                                 "(model calibration)", _split_words(ctx),
                                  "torchtitan: --parallelism.pipeline_parallel_schedule InterleavedZeroBubble; "
                                  "Megatron-LM has no zero-bubble schedule"] + ([host] if host else []),
                     confidence="low" if host else None)
+
+
+def _split_words(ctx: Context) -> str:
+    """What the zero-bubble price holds of torch's split backward's extra cost over the fused one."""
+    extra = ctx.cal.workload.split_backward_extra
+    if extra:
+        return (f"torch's split backward (input, then weight gradients: two autograd passes) priced {extra:.0%} "
+                "dearer than the fused one on every stage past the first (measured on CPU, torch 2.13: 10-18% over "
+                "six pairs of runs, the first stage's unchanged; benchmarks/README.md)")
+    return ("torch's split backward (input, then weight gradients: two autograd passes) priced as dear as the fused "
+            "one: its extra cost is not measured on a GPU (on CPU, torch 2.13, it was 10-18% on every stage past the "
+            "first: benchmarks/README.md)")
 
 
 def _host_schedule_caveat(ctx: Context) -> Optional[str]:
