@@ -18,6 +18,10 @@ measures. Then, over the steps after --skip:
              the stage's own forward/backward calls inside them (the rest of an action is the
              stage's bookkeeping), the posts, the waits, and the rest: the schedule's own host
              work between them (the last stage's loss too).
+  by kind   per rank, the actions' wall time a step by kind (forward, backward or the zero-bubble
+             schedule's input gradients, its weight gradients) and the backward with its weight
+             gradients over the forward, the median of the steps': what the split backward costs
+             over the fused one, run against the same job under 1F1B.
 
     python benchmarks/p2p_timeline.py --out DIR -- --nproc 2 --pipeline-model-parallel-size 2 ...
 
@@ -166,6 +170,13 @@ def analyse(out: str, skip: int) -> dict:
             parts["rest"].append((t1 - t0) / 1e6 - wall["action"] - wall["post"] - wall["wait"])
             parts["n_actions"].append(sum(e[0] == "action" for e in events))
         res["ranks"][r]["schedule_ms"] = {k: st.median(v) for k, v in parts.items() if v}
+        # the actions' wall time by kind: forward F, backward B (the zero-bubble schedule's input gradients), its
+        # weight gradients W; and per step the backward (B + W) over the forward, where the step has a forward
+        kinds = {k: [sum((e[3] - e[2]) / 1e6 for e in events if e[0] == "action" and e[1] == k)
+                     for _, _, events in steps[r]] for k in "FBW"}
+        ratios = [(b + w) / f for f, b, w in zip(kinds["F"], kinds["B"], kinds["W"]) if f > 0]
+        res["ranks"][r]["by_kind_ms"] = {k: st.median(v) for k, v in kinds.items() if v}
+        res["ranks"][r]["backward_per_forward"] = st.median(ratios) if ratios else None
     n = min(len(steps[0]), len(steps[1]))
     walls = [(steps[0][i][1] - steps[0][i][0]) / 1e6 for i in range(n)]
     clean = [w for i, w in enumerate(walls) if excess[0][i] + excess[1][i] == 0]
@@ -187,6 +198,11 @@ def report(res: dict) -> str:
                          f"({b['action_cpu']:.1f} ms CPU; the stage's forward/backward calls in them "
                          f"{b['core']:.1f} ms), posts {b['posts']:.1f}, waits {b['waits']:.1f}, "
                          f"the rest {b['rest']:.1f} ms")
+        if v.get("backward_per_forward") is not None:
+            k = v["by_kind_ms"]
+            lines.append(f"rank {r}, actions by kind, medians a step: forward {k['F']:.1f} ms, backward {k['B']:.1f} ms, "
+                         f"weight gradients {k['W']:.1f} ms; backward (with its weight gradients) over forward "
+                         f"{v['backward_per_forward']:.3f} (median of the steps')")
     clean = f"{res['clean_step_ms']:.1f} ms" if res["clean_step_ms"] is not None else "-"
     lines.append(f"{res['steps']} steps: median {res['step_ms']:.1f} ms; {res['clean_steps']} clean (nothing over "
                  f"1.5 ms late on either rank): median {clean}")

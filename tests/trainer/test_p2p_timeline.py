@@ -54,6 +54,9 @@ def test_slow_posts_late_waits_and_clean_steps_worked_by_hand(tmp_path):
     _write(tmp_path, {0: r0, 1: r1})
     res = _tool().analyse(str(tmp_path), skip=0)
     sched = res["ranks"][0].pop("schedule_ms")
+    # rank 0's actions are forwards only: no backward over them
+    assert res["ranks"][0].pop("by_kind_ms") == pytest.approx({"F": 8.0, "B": 0.0, "W": 0.0})
+    assert res["ranks"][0].pop("backward_per_forward") == 0.0
     assert res["ranks"][0] == {"posts": 3, "slow_posts": 1, "waits": 3, "late": 0,
                                "slow_post_cpu_ms": pytest.approx(0.3), "slow_post_switches": 3}
     # each part's median over the three steps; the rest: 40 - 8 - 0.2 - 0.1, 50 - 10 - 2 - 0.1, 45 - 6 - 0.2 - 0.1
@@ -72,6 +75,30 @@ def test_slow_posts_late_waits_and_clean_steps_worked_by_hand(tmp_path):
     assert "1 over 1 ms late" in _tool().report(res)
     assert "rank 0, schedule.step, medians a step: 1 actions 8.0 ms (7.5 ms CPU; the stage's forward/backward " \
            "calls in them 7.0 ms), posts 0.2, waits 0.1, the rest 37.9 ms" in _tool().report(res)
+
+
+def test_actions_by_kind_worked_by_hand(tmp_path):
+    """Three steps. Rank 0 (the first stage under zero bubble): forward 10, 10, 8 ms; input gradients
+    0.1 ms (none to compute), weight gradients 20, 22, 16.9 ms: backward over forward (0.1 + 20) / 10 =
+    2.01, 2.21, 17 / 8 = 2.125; median 2.125. Rank 1 (1F1B): forward 10, 12, 11; backward 19, 24, 22: 1.9, 2.0,
+    2.0, and a fourth step with no action, which has no ratio: median 2.0 (its kinds' medians over the four
+    steps: forward 10.5, backward 20.5)."""
+    def step(t, f, b, w=None):
+        acts = [("action", "F", t * MS, int((t + f) * MS), 1, 0, 0),
+                ("action", "B", (t + 20) * MS, int((t + 20 + b) * MS), 1, 0, 0)]
+        if w is not None:
+            acts.append(("action", "W", (t + 40) * MS, int((t + 40 + w) * MS), 1, 0, 0))
+        return acts + [("step", None, t * MS, (t + 100) * MS, 0, 0, 0)]
+    r0 = step(0, 10, 0.1, 20) + step(100, 10, 0.1, 22) + step(200, 8, 0.1, 16.9)
+    r1 = step(0, 10, 19) + step(100, 12, 24) + step(200, 11, 22) + [("step", None, 300 * MS, 400 * MS, 0, 0, 0)]
+    _write(tmp_path, {0: r0, 1: r1})
+    res = _tool().analyse(str(tmp_path), skip=0)
+    assert res["ranks"][0]["backward_per_forward"] == pytest.approx(2.125)
+    assert res["ranks"][0]["by_kind_ms"] == pytest.approx({"F": 10.0, "B": 0.1, "W": 20.0})
+    assert res["ranks"][1]["backward_per_forward"] == pytest.approx(2.0)
+    assert res["ranks"][1]["by_kind_ms"] == pytest.approx({"F": 10.5, "B": 20.5, "W": 0.0})
+    assert "rank 0, actions by kind, medians a step: forward 10.0 ms, backward 0.1 ms, weight gradients 20.0 " \
+           "ms; backward (with its weight gradients) over forward 2.125" in _tool().report(res)
 
 
 def test_a_real_pipeline_run_through_it(tmp_path):
