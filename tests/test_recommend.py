@@ -6,6 +6,7 @@ predict the step time the model itself gives for the recommended configuration (
 here, since the job *is* the model). Hand-worked numbers are in each test's docstring.
 """
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -344,6 +345,27 @@ def test_schedule_changes_on_a_cpu_timeline_are_low_confidence_and_say_why():
                    for a in recs[rule].assumptions)
     assert any("split backward (input, then weight gradients: two autograd passes) priced 14% dearer" in a
                for a in recs["zero_bubble"].assumptions)
+
+
+def test_schedule_changes_on_a_gpu_that_waits_on_the_host_are_low_confidence_and_say_why():
+    """sample_traces/h200_pp2_memory: the H200 idles 37% of the step between short kernels; its variants
+    measured torch's multi-stage runtime at about twice 1F1B's untraced step. The schedule levers say so
+    (the figures they quote read here from the variants' steps.jsonl: steps 1 and 4 untraced) and are low;
+    the synthesised GPU jobs above, which never wait on the host, keep the fit's confidence."""
+    root = "sample_traces/h200_pp2_memory"
+
+    def untraced(path):
+        with open(os.path.join(path, "steps.jsonl")) as f:
+            rows = {r["step"]: r["step_seconds"] * 1e3 for r in map(json.loads, f)}
+        return [rows[1], rows[4]]
+    one, multi = untraced(root), untraced(f"{root}/variants/interleaved") + untraced(f"{root}/variants/zb1p")
+    assert 62 <= min(one) and max(one) <= 65.5 and 119.5 <= min(multi) and max(multi) <= 126.5
+    d = with_advice(diagnose(load_job(root)))
+    recs = {r.rule: r for r in d.recommendations}
+    assert "zero_bubble" in recs and recs["zero_bubble"].confidence == "low"
+    (caveat,) = [a for a in recs["zero_bubble"].assumptions if a.startswith("the GPU waits on the host")]
+    assert "(37% idle between kernels of 43.5 us median)" in caveat
+    assert "120-126 ms a step" in caveat and "62-65 ms under 1F1B" in caveat
 
 
 def test_a_loss_whose_every_change_prices_no_gain_is_said_not_dropped():
