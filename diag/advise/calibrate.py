@@ -279,7 +279,7 @@ def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float,
     per_step = _per_stage(d, pp, lambda r: r.action_gaps.idle_s / max(r.window_steps, 1))
     if any(g > i for g, i in zip(per_step, idle)):       # cannot be: the gaps' idle is a part of the idle
         return 0.0, idle
-    per_gap = float(np.mean([g.idle_s / g.gaps for g in gaps]))
+    per_gap = float(np.mean([g.per_gap_s for g in gaps]))
     n = round(float(np.mean([g.gaps for g in gaps])) / _steps(d))
     notes.append(f"pipelining runtime's host time {per_gap * 1e3:.3g} ms between two actions of a stage, from the idle "
                  f"between consecutive forwards and backwards ({float(np.mean(per_step)) * 1e3:.3g} ms a step over "

@@ -45,6 +45,10 @@ class TimelineSets:
     memory: iv.Intervals = iv.EMPTY
     other: iv.Intervals = iv.EMPTY
 
+    def busy(self) -> iv.Intervals:
+        """Where anything runs: the timeline less its idle."""
+        return iv.union(self.compute, self.comm, self.memory, self.other)
+
 
 def timeline_sets(t: EventTable, w: Window, timeline: str) -> TimelineSets:
     if timeline != "gpu":
@@ -117,7 +121,7 @@ def _outlives(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarr
 
 def analyse_timeline(sets: TimelineSets, w: Window, timeline: str) -> tuple[Breakdown, Overlap]:
     compute, comm, memory, other = sets.compute, sets.comm, sets.memory, sets.other
-    everything = iv.union(compute, comm, memory, other)
+    everything = sets.busy()
     span = int(everything[1][-1] - everything[0][0]) if everything[0].size else 0
     comm_only = iv.subtract(comm, compute)
     mem_only = iv.subtract(memory, iv.union(compute, comm))
