@@ -5,18 +5,16 @@ trace holds `ProfilerStep#N` ranges. Any profiler failure (start, step, export) 
 profiler with one warning and training goes on: a run without a trace is worth more than no run.
 
 When the trace is written, the rank summarises it (`diag summarize`, the per-rank pass of the
-analysis) in an idle-class subprocess (it runs on CPU time training leaves unused), so the work of analysing a big job is spread over its own nodes
-and `diag analyze` merges the summaries in seconds. The subprocess never holds the GIL of the
-training process; at exit the session waits for it (SUMMARY_WAIT_S at most). If it fails or is
-late, one warning: `diag analyze` then reads the trace itself.
+analysis) in an idle-class subprocess (it runs on CPU time training leaves unused), so the work
+of analysing a big job is spread over its own nodes and `diag analyze` merges the summaries in
+seconds. The subprocess never holds the GIL of the training process; at exit the session waits
+for it (telemetry.summarizer: restarted at training's priority if other work starves it). If it
+fails or is late, one warning: `diag analyze` then reads the trace itself.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 
 import torch
 
@@ -24,8 +22,7 @@ from diag.trace.safeio import exclusive_temp_path
 
 from . import memory
 from .safe import guard, warn_once
-
-SUMMARY_WAIT_S = 120.0
+from .summarizer import Summarizer
 
 
 def trace_path(out: str, rank: int) -> str:
@@ -46,7 +43,7 @@ class ProfilerSession:
         self.factory = factory or torch.profiler.profile
         self.prof = None
         self.exported: str | None = None
-        self.summarizer: subprocess.Popen | None = None
+        self.summarizer: Summarizer | None = None
         self.persistent = persistent if cfg.profile and not cuda else None
         self.baseline: int | None = None
         self.step_peaks: dict[int, int] | None = None
@@ -78,28 +75,13 @@ class ProfilerSession:
             self.exported = path
         if self.exported and getattr(self.cfg, "trace_summary", False):
             with guard("trace summary"):
-                argv = [sys.executable, "-m", "diag", "summarize", "--quiet", "--idle", "--shard", "0/1",
-                        self.exported]
-                # --idle takes effect after Python's start-up and imports (~0.5 s of CPU, which
-                # slowed a 2-core CPU run's next steps 2x); chrt makes the whole process idle-class.
-                if shutil.which("chrt"):
-                    argv = ["chrt", "--idle", "0", *argv]
-                self.summarizer = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    env={**os.environ, "DIAG_WORKERS": os.environ.get("DIAG_WORKERS", "2")})
+                self.summarizer = Summarizer(self.exported)
 
     def _wait_summary(self) -> None:
-        proc, self.summarizer = self.summarizer, None
-        if proc is None:
-            return
-        with guard("trace summary"):
-            try:
-                rc = proc.wait(timeout=SUMMARY_WAIT_S)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"not done after {SUMMARY_WAIT_S:.0f} s; left running "
-                                   "(diag analyze reads the trace itself if it does not finish)") from None
-            if rc != 0:
-                raise RuntimeError(f"`diag summarize` exited {rc}; diag analyze will read the trace itself")
+        summarizer, self.summarizer = self.summarizer, None
+        if summarizer is not None:
+            with guard("trace summary"):
+                summarizer.wait()
 
     def __enter__(self) -> "ProfilerSession":
         if not self.cfg.profile:
