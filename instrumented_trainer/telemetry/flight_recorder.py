@@ -30,7 +30,7 @@ import threading
 import time
 
 from diag.trace.safeio import atomic_write
-from instrumented_trainer.telemetry.safe import guard
+from instrumented_trainer.telemetry.safe import guard, rank
 
 DUMP_FOLDER = "flightrec"         # diag.trace.flightrec.DUMP_FOLDERS looks here
 
@@ -48,7 +48,7 @@ class FlightRecorder:
         if self.entries <= 0:
             return self
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(self.entries)   # resolved by cli.fr_entries: the flag wins
-        if os.environ.get("RANK", "0") == "0":
+        if rank() == "0":
             print(f"flight recorder: {self.entries} entries per rank (from {self.source})", file=sys.stderr, flush=True)
         # NCCL (gloo ignores these): durations, and the watchdog's own pickle dump on a timeout here too
         os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
@@ -71,8 +71,7 @@ class FlightRecorder:
 
             data = with_reason(_buffer_json(torch._C._distributed_c10d), why, self.entries, self.source)
             os.makedirs(self.folder, exist_ok=True)     # here, under the guard: an unwritable --out only warns
-            rank = os.environ.get("RANK", "0")
-            path = os.path.join(self.folder, f"rank-{rank}.json")
+            path = os.path.join(self.folder, f"rank-{rank()}.json")
             # whole or absent (diag never reads half a dump), through an exclusive temporary: a
             # link planted at a predictable name is never followed
             atomic_write(path, data)

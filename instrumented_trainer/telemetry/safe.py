@@ -16,12 +16,16 @@ from collections import Counter
 failures: Counter[str] = Counter()
 
 
+def rank() -> str:
+    """This process's rank as its launcher set it (RANK; "0" when run alone), for messages and file names."""
+    return os.environ.get("RANK", "0")
+
+
 def warn_once(what: str, exc: BaseException) -> None:
     """Record a telemetry failure; print a warning the first time `what` fails."""
     failures[what] += 1
     if failures[what] == 1:
-        rank = os.environ.get("RANK", "0")
-        print(f"[rank {rank}] warning: telemetry '{what}' disabled after error: "
+        print(f"[rank {rank()}] warning: telemetry '{what}' disabled after error: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 

@@ -18,12 +18,16 @@ end, not the trainer's).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from .safe import rank
 
 SUMMARY_WAIT_S = 120.0
 STARVED_WINDOW_S = 5.0
@@ -31,8 +35,20 @@ STARVED_SHARE = 0.02    # under 2% of the window: the subprocess's CPU, and the 
 RELAY_CHARS = 4000
 
 
-def _rank() -> str:
-    return os.environ.get("RANK", "0")
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (found through psutil, where it is installed); one
+    already gone is no error."""
+    try:
+        import psutil
+
+        children = psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil, or the process is gone: the process itself below
+        children = []
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 class _Watch:
@@ -91,13 +107,11 @@ class Summarizer:
         self.proc, self._log = self._start(idle=True)
 
     def _argv(self, idle: bool) -> list[str]:
-        argv = [sys.executable, "-m", "diag", "summarize", "--quiet", "--shard", "0/1", self.trace]
-        if not idle:
-            return argv
-        argv.insert(4, "--idle")
+        argv = [sys.executable, "-m", "diag", "summarize", "--quiet", *(["--idle"] if idle else []),
+                "--shard", "0/1", self.trace]
         # --idle takes effect after Python's start-up and imports (~0.5 s of CPU, which slowed a
         # 2-core CPU run's next steps 2x); chrt makes the whole process idle-class.
-        return ["chrt", "--idle", "0", *argv] if shutil.which("chrt") else argv
+        return ["chrt", "--idle", "0", *argv] if idle and shutil.which("chrt") else argv
 
     def _start(self, idle: bool):
         log = tempfile.TemporaryFile()
@@ -111,17 +125,7 @@ class Summarizer:
         return proc, log
 
     def _kill(self) -> None:
-        try:
-            import psutil
-
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                try:
-                    child.kill()
-                except psutil.Error:
-                    pass
-        except Exception:  # noqa: BLE001 - no psutil or already gone: the process itself below
-            pass
-        self.proc.kill()
+        kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -131,7 +135,7 @@ class Summarizer:
     def _restart(self, starved_s: float) -> None:
         self._kill()
         self.restarted = True
-        print(f"[rank {_rank()}] trace summary: no idle CPU for {starved_s:.0f} s (other work holds every core "
+        print(f"[rank {rank()}] trace summary: no idle CPU for {starved_s:.0f} s (other work holds every core "
               "it may run on); summarising at training's priority now that training is done",
               file=sys.stderr, flush=True)
         self.proc, self._log = self._start(idle=False)
@@ -143,7 +147,7 @@ class Summarizer:
         self._log.close()
         lines = [x for x in text.splitlines() if x.strip()]
         for line in lines:
-            print(f"[rank {_rank()}] diag summarize: {line}", file=sys.stderr, flush=True)
+            print(f"[rank {rank()}] diag summarize: {line}", file=sys.stderr, flush=True)
         return lines[-1] if lines else ""
 
     def wait(self, budget_s: float = SUMMARY_WAIT_S, window_s: float = STARVED_WINDOW_S) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from diag.analysis import summary_file
 from diag.analysis.summary_file import SUFFIX
-from instrumented_trainer.telemetry.summarizer import Summarizer, _Watch
+from instrumented_trainer.telemetry.summarizer import Summarizer, _Watch, kill_tree
 
 psutil = pytest.importorskip("psutil")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,15 +47,6 @@ def one_busy_core():
         os.sched_setaffinity(0, before)
         burner.kill()
         burner.wait()
-
-
-def kill_tree(pid: int) -> None:
-    with contextlib.suppress(psutil.Error):
-        p = psutil.Process(pid)
-        for c in p.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                c.kill()
-        p.kill()
 
 
 def copy_trace(tmp_path) -> str:
