@@ -9,6 +9,7 @@ import math
 import pytest
 
 from diag.advise import Config, Links, Workload, allreduce_s, bubble_fraction, simulate, stage_order, step_time
+from diag.advise.model import stage_costs
 
 REL = 1e-9
 MS = 1e-3
@@ -332,6 +333,21 @@ def test_split_backward_extra_paid_past_the_first_stage_under_zero_bubble_only()
     w = Workload(num_layers=2, fwd_s_per_layer=f, split_backward_extra=0.5)
     assert step_time(w, Config(pp=2, num_micro_batches=2, schedule="zb1p"), Links()) == approx(8 * f)
     assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == approx(9 * f)
+
+
+def test_split_backward_host_time_paid_past_the_first_stage_under_zero_bubble_only():
+    """On a GPU that waits on the host the split backward's extra is host time a layer and micro-batch
+    (Workload.split_backward_host_s), shared by I and W as the backward is (weight share 1/2 here). As
+    above with h = f on the stage's one layer: stage 1's I and W take f + h/2 = 1.5f each, the case worked
+    above: 8f under ZB1P; 1F1B's fused backward pays none: 9f."""
+    f = 1 * MS
+    w = Workload(num_layers=2, fwd_s_per_layer=f, split_backward_host_s=f)
+    assert step_time(w, Config(pp=2, num_micro_batches=2, schedule="zb1p"), Links()) == approx(8 * f)
+    assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == approx(9 * f)
+    # a backward half (B/2 = f): the first stage's input needs no gradient, so it runs the fused backward
+    zb = Config(pp=2, num_micro_batches=2, schedule="zb1p")
+    assert [stage_costs(w, zb, Links(), stage=s).bwd_half_s for s in (0, 1)] == approx([f, 1.5 * f])
+    assert stage_costs(w, Config(pp=2, num_micro_batches=2), Links(), stage=1).bwd_half_s == approx(f)
 
 
 def test_zero3_blocking_gathers_pay_every_layer():

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..runmeta import RunFacts
 from ..analysis.bandwidth import bus_factor
-from ..analysis.results import Diagnosis, steps_in_window
+from ..analysis.results import Diagnosis, FindingKind, steps_in_window
 from ..trace.columns import median
 from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
@@ -39,8 +39,17 @@ HALVES = 4            # compute kernels per layer per micro-batch in the model: 
 # autograd passes) over the fused backward on a stage past the first, on a host timeline: measured on CPU with torch
 # 2.13, the trainer's zero-bubble job against its 1F1B job, backward over forward per step in six pairs of
 # untraced runs, 1.10-1.18x (median 1.14); the first stage, whose input needs no gradient, 0.92-1.04x
-# (benchmarks/README.md). On a GPU it is not measured: 0, said.
+# (benchmarks/README.md). On a GPU: below.
 SPLIT_BACKWARD_EXTRA = 0.14
+# On a GPU the split's extra is host time: torch's two autograd passes take 1.6-2.8x the fused backward's wall time
+# where the GPU waits on the host, 1.04-1.24x at h 4096-8192. Issued as a schedule issues them (F, I, then the
+# previous micro-batch's W, no synchronisation between), they add 1.1-1.7 ms a layer and micro-batch where the
+# GPU waits on the host (h 512-1024; the median, 1.45 ms, is priced there) and 0.1-0.5 ms (1-3% of the
+# forward and backward) at h 4096-8192, where queued kernels hide it. Measured on an H200, torch 2.11, bf16
+# (benchmarks/split_backward.py; benchmarks/README.md).
+SPLIT_BACKWARD_HOST_S = 1.45e-3
+IDLE_MIN = 0.10            # GPU (or host) idle, fraction of the step
+SHORT_KERNEL_US = 50.0     # median compute kernel shorter than this: launch-bound on GPU
 
 
 class CalibrationError(ValueError):
@@ -553,6 +562,25 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     return w2, slowdown, model, untraced
 
 
+def median_kernel_us(d: Diagnosis) -> Optional[float]:
+    """The median mean duration of the ranks' top compute kernels; None without them."""
+    kernels = sorted(k.mean_us for r in d.ranks for k in r.top_kernels if k.kind == "compute")
+    return kernels[len(kernels) // 2] if kernels else None
+
+
+def waits_on_host(d: Diagnosis) -> Optional[tuple[float, float]]:
+    """(idle share of the step, median top compute kernel in us) where a GPU timeline waits on the host between
+    short kernels (idle >= IDLE_MIN of the step, that median under SHORT_KERNEL_US: the micro-batch rule's
+    launch-bound evidence); None elsewhere (a host timeline, long kernels, no kernels, little idle)."""
+    if d.host_timeline:
+        return None
+    idle = max((f.share_of_step or 0.0 for f in d.findings if f.kind == FindingKind.IDLE), default=0.0)
+    med = median_kernel_us(d)
+    if idle < IDLE_MIN or med is None or med >= SHORT_KERNEL_US:
+        return None
+    return idle, med
+
+
 def shared_cores(d: Diagnosis) -> Optional[bool]:
     """Whether the ranks' compute threads take every core of their host, so that gloo's threads, which
     run the collectives, share the compute's cores (a host timeline; facts.host_cpus, ranks_per_host and
@@ -657,7 +685,8 @@ def calibrate(d: Diagnosis) -> Calibration:
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
                  weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)),
-                 split_backward_extra=SPLIT_BACKWARD_EXTRA if host_timeline else 0.0)
+                 split_backward_extra=SPLIT_BACKWARD_EXTRA if host_timeline else 0.0,
+                 split_backward_host_s=SPLIT_BACKWARD_HOST_S if waits_on_host(d) else 0.0)
     if w.shared_cores and c.grad_ranks > 1:
         notes.append(f"{host_words(meta)} (the run's facts): gloo's threads run the collectives on the compute's "
                      "cores, so a DP reduction overlapped with backward is priced as if it were not (no idle core "

@@ -93,6 +93,9 @@ class Workload:
                                         # gradients: two autograd passes) takes over the fused backward, a share
                                         # of it, on a stage whose input needs a gradient (all but the first);
                                         # measured on CPU (calibrate.SPLIT_BACKWARD_EXTRA), 0 where unknown
+    split_backward_host_s: float = 0.0  # zero bubble on a GPU: the host seconds torch's split backward adds a layer
+                                        # and micro-batch on such a stage, where the GPU waits on the host
+                                        # (calibrate.SPLIT_BACKWARD_HOST_S); 0 where kernels hide it
     shared_cores: bool = False      # the ranks' compute threads take every core of their host and gloo runs
                                     # the collectives on those cores (a CPU run, diag_run.json's host facts):
                                     # a DP reduction overlapped with backward takes its time from the compute,
@@ -105,7 +108,7 @@ class Workload:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
         for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s", "action_host_s",
                      "host_fixed_s_per_layer", "dtensor_s_per_layer", "fsdp_s_per_layer",
-                     "fsdp_optimizer_s_per_layer", "param_bytes", "split_backward_extra"):
+                     "fsdp_optimizer_s_per_layer", "param_bytes", "split_backward_extra", "split_backward_host_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 < self.weight_share < 1:
@@ -242,10 +245,12 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
     """One rank's costs. CP c splits the sequence: compute, the TP all-reduces and the pipeline
     messages are 1/c per rank; each layer all-gathers K and V over the CP group (cp_s) and, in backward,
     passes its shard of dK and dV round the ring in c permutes (cp_dkv_s each). Under the zero-bubble
-    schedule a stage past the first pays torch's split backward's extra (Workload.split_backward_extra)."""
+    schedule a stage past the first pays torch's split backward's extra (Workload.split_backward_extra, and its host
+    time where the GPU waits on the host, Workload.split_backward_host_s)."""
     layers = w.num_layers // c.pp
     f = w.fwd_s_per_layer / (c.tp * c.cp) * slowdown
-    split = 1.0 + (w.split_backward_extra if c.schedule == "zb1p" and stage > 0 else 0.0)
+    zb = c.schedule == "zb1p" and stage > 0
+    split, split_host = (1.0 + w.split_backward_extra, w.split_backward_host_s) if zb else (1.0, 0.0)
     tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer / c.cp), _even(w.p2p_bytes / c.cp)
     cp_bytes = _even(w.cp_bytes_per_layer / c.tp) if c.cp > 1 else 0
     dkv = (w.cp_grad_bytes_per_layer or 2.0 * w.cp_bytes_per_layer) / (c.tp * c.cp)
@@ -260,7 +265,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
     gather = (lambda b: gather_s(b, n_grad, links.dp, links.latency_s + links.dp_latency_s) if b else 0.0)
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
-        bwd_half_s=(f * w.bwd_ratio * split + hb) / 2 + w.launch_overhead_s,
+        bwd_half_s=(f * w.bwd_ratio * split + hb + split_host) / 2 + w.launch_overhead_s,
         recompute_s=f + hf + w.launch_overhead_s if w.recompute == "full" else 0.0,
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
