@@ -5,6 +5,7 @@ m micro-batches. Times are floats summed in a different order than the formulas,
 comparisons use a relative tolerance of 1e-9 (float rounding, nothing else).
 """
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -146,6 +147,15 @@ def test_delay_on_last_stage_hides_in_the_bubble():
 def test_recompute_adds_one_forward_per_micro_batch():
     w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, recompute="full")
     assert step_time(w, Config(num_micro_batches=3), Links()) == approx(3 * (4 + 8 + 4) * MS)
+
+
+def test_the_recomputed_forward_pays_its_two_kernels_launch_overhead():
+    """A layer's forward is two modelled kernels, each paying the launch overhead l; recomputed, it pays
+    both again. f = 1 ms, l = 0.5 ms, 4 layers, m = 2: a layer and micro-batch takes forward f + 2l = 2 ms,
+    the recompute 2 ms, backward 2f + 2l = 3 ms: 2 x 4 x 7 = 56 ms; without recompute 2 x 4 x 5 = 40 ms."""
+    w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, launch_overhead_s=0.5 * MS, recompute="full")
+    assert step_time(w, Config(num_micro_batches=2), Links()) == approx(56 * MS)
+    assert step_time(replace(w, recompute="none"), Config(num_micro_batches=2), Links()) == approx(40 * MS)
 
 
 def test_stage_slowdown_sets_the_pace():

@@ -270,6 +270,29 @@ def test_full_recompute_that_memory_does_not_need_is_turned_off(tmp_path):
     assert "--recompute-granularity" not in (rec.command or "")
 
 
+def test_recompute_on_a_gpu_that_waits_on_the_host_is_priced_by_the_traced_step_it_became():
+    """sample_traces/h200_recompute: one rank on an H200, full recompute, the GPU idle 80% of the step
+    between its kernels; variants/no_recompute is the same job without it (bench_tune's first pair).
+    The launch overhead is the idle over the modelled kernels, a recomputed forward's two among them
+    (6 a layer and micro-batch, not 4): so read, it is the same in both runs (1.59 and 1.53 ms; 2.38
+    against 1.53 counted over 4), the model holds the measured step, and removing the recompute, one
+    forward with its two launches a layer and micro-batch less, is priced at the step the variant's
+    trace measured (131.1 against 131.9 ms: -31.4%)."""
+    before = calibrate(diagnose(load_job("sample_traces/h200_recompute")))
+    after = calibrate(diagnose(load_job("sample_traces/h200_recompute/variants/no_recompute")))
+    assert before.workload.recompute == "full" and after.workload.recompute == "none"
+    assert before.workload.launch_overhead_s == pytest.approx(after.workload.launch_overhead_s, rel=0.05)
+    assert before.model_step_s == pytest.approx(before.measured_step_s, rel=0.02)
+    priced = before.predict(before.config, replace(before.workload, recompute="none"))
+    assert priced == pytest.approx(after.measured_step_s, rel=0.02)
+    d = with_advice(diagnose(load_job("sample_traces/h200_recompute")))
+    (rec,) = [r for r in d.recommendations if r.rule == "recompute"]
+    assert rec.step_s_after == pytest.approx(priced, rel=1e-9)
+    with open("sample_traces/h200_recompute/variants/no_recompute/steps.jsonl") as f:
+        peak = max(json.loads(line)["peak_memory_bytes"] for line in f)
+    assert rec.memory_after_bytes == pytest.approx(peak, rel=0.05)
+
+
 def test_zero3_that_memory_does_not_need_is_lowered_and_priced(tmp_path):
     """ZeRO-3 (FSDP) at DP 2 on a model that fits an 80 GB H100 replicated: L = 8 layers of 1 GB
     gradients (fp32), 100 GB/s busbw, f = 2 ms. Each layer's all-gather (1e9 x 1/2 / 100e9 = 5 ms)

@@ -35,6 +35,7 @@ BWD_RATIO = 2.0
 # to be fitted: closer, the difference is within the spread of a median of a few steps.
 UNTRACED_MARGIN = 0.01
 HALVES = 4            # compute kernels per layer per micro-batch in the model: 2 forward, 2 backward
+RECOMPUTE_HALVES = 2  # and under full recompute the forward's 2 again, each paying a launch overhead
 # torch's split backward (ScheduleInterleavedZeroBubble: the input gradients, then the weight gradients, in two
 # autograd passes) over the fused backward on a stage past the first, on a host timeline: measured on CPU with torch
 # 2.13, the trainer's zero-bubble job against its 1F1B job, backward over forward per step in six pairs of
@@ -530,7 +531,7 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
     Returns (workload, stage slowdowns, the model's step, the measured step: the untraced one)."""
     ops = float(np.mean(_per_stage(d, pp, lambda r: r.host_ops.ops_per_step)))
     opt_ops = float(np.mean(_per_stage(d, pp, lambda r: r.host_ops.optimizer_ops_per_step))) if w.optimizer_s else 0.0
-    halves = c.num_micro_batches * HALVES * w.num_layers // pp
+    halves = modelled_kernels(c.num_micro_batches, w.num_layers, pp, w.recompute)
     gaps = w.launch_overhead_s * halves                  # per stage per step
     optimizer = w.optimizer_s / c.optimizer_ranks        # per stage per step
 
@@ -560,6 +561,12 @@ def _without_profiler(d: Diagnosis, pp: int, w: Workload, c: Config, links: Link
                  "compute" + (f" and {from_opt * 1e3:.3g} ms from the optimizer (its {opt_ops:,.0f} operators' "
                               "share)" if from_opt else "") + ". The predictions are for untraced steps")
     return w2, slowdown, model, untraced
+
+
+def modelled_kernels(m: int, layers: int, pp: int, recompute: str) -> int:
+    """The compute kernels a stage runs a step in the model, each paying the launch overhead: HALVES a layer
+    and micro-batch, and RECOMPUTE_HALVES more under full recompute (model.stage_costs prices them so)."""
+    return m * (HALVES + (RECOMPUTE_HALVES if recompute == "full" else 0)) * layers // pp
 
 
 def median_kernel_us(d: Diagnosis) -> Optional[float]:
@@ -621,8 +628,9 @@ def calibrate(d: Diagnosis) -> Calibration:
     idle = _per_stage(d, pp, _per_step("idle_s"))
     action, idle = _action_host(d, pp, idle, notes)
     per_stage_halves = m * HALVES * layers // pp
-    launch = float(median(idle)) / per_stage_halves
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
+    kernels = modelled_kernels(m, layers, pp, recompute)
+    launch = float(median(idle)) / kernels
     mb_layers = m * (layers // pp)
     host, dtensor = _host_fixed(d, tp, mb_layers, compute, recompute == "full", notes, tap)
     zero = zero_stage(meta)
@@ -661,7 +669,9 @@ def calibrate(d: Diagnosis) -> Calibration:
                     "pipeline's flush: held apart, per stage " + ", ".join(f"{o * 1e3:.3g}" for o in opt)
                     + " ms, their mean run on every stage)" if any(opt) else ""))
     notes.append(f"launch overhead {launch * 1e6:.3g} us per compute kernel, from {median(idle) * 1e3:.3g} ms "
-                 f"idle per step{' (less the gaps between actions)' * (action > 0)} over {per_stage_halves} modelled kernels (held per kernel when sizes change)")
+                 f"idle per step{' (less the gaps between actions)' * (action > 0)} over {kernels} modelled kernels"
+                 + (" (the recomputed forward's among them)" if recompute == "full" else "")
+                 + " (held per kernel when sizes change)")
     busbw = {"tp": _axis_link(d, "tp", notes)[0], "pp": _axis_link(d, "pp", notes)[0],
              "dp": _axis_link(d, _dp_axis(d, zero, cp), notes)[0],
              "cp": _axis_link(d, "cp", notes)[0] if cp > 1 else math.inf}

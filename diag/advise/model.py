@@ -266,7 +266,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
         bwd_half_s=(f * w.bwd_ratio * split + hb + split_host) / 2 + w.launch_overhead_s,
-        recompute_s=f + hf + w.launch_overhead_s if w.recompute == "full" else 0.0,
+        recompute_s=f + hf + 2 * w.launch_overhead_s if w.recompute == "full" else 0.0,   # a forward: 2 kernels
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
