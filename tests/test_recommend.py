@@ -380,7 +380,7 @@ def test_schedule_changes_on_a_gpu_that_waits_on_the_host_price_the_split_and_sa
     The runtime's caveat stays for the schedule levers that do price a gain on such a GPU."""
     from diag.advise.calibrate import SPLIT_BACKWARD_HOST_S, waits_on_host
     from diag.advise.propose import Context
-    from diag.advise.rules import _schedule_caveat
+    from diag.advise.rules import _schedule_caveat, _split_words
     root = "sample_traces/h200_pp2_memory"
 
     def untraced(path):
@@ -406,7 +406,12 @@ def test_schedule_changes_on_a_gpu_that_waits_on_the_host_price_the_split_and_sa
     said = (f"not proposed: the zero-bubble schedule (ZB1P) instead of 1F1B "
             f"({100 * (priced / cal.measured_step_s - 1):+.1f}% predicted: no faster); pipeline bubble")
     assert any(line.startswith(said) for line in a.calibration)
-    caveat = _schedule_caveat(Context(d=d, cal=cal, step_s=cal.measured_step_s))
+    ctx = Context(d=d, cal=cal, step_s=cal.measured_step_s)
+    assert _split_words(ctx).startswith("torch's split backward (input, then weight gradients: two autograd passes) "
+                                        "priced 1.45 ms of host time a layer and micro-batch over the fused one on "
+                                        "every stage past the first, paid in full: the GPU waits on the host (37% "
+                                        "idle between kernels of 43.5 us median)")
+    caveat = _schedule_caveat(ctx)
     assert caveat.startswith("the GPU waits on the host (37% idle between kernels of 43.5 us median)")
     assert "120-126 ms a step" in caveat and "62-65 ms under 1F1B" in caveat
 

@@ -107,10 +107,10 @@ def _split_words(ctx: Context) -> str:
                 "(measured on CPU, torch 2.13: 10-18% over six pairs of runs, the first stage's unchanged; "
                 "benchmarks/README.md)")
     if w.split_backward_host_s:
-        idle, med = waits_on_host(ctx.d)
+        waiting = waits_on_host(ctx.d)     # what set it in the calibration; None only for another diagnosis's
+        seen = f" ({waiting[0]:.0%} idle between kernels of {waiting[1]:.3g} us median)" if waiting else ""
         return (f"{what} priced {w.split_backward_host_s * 1e3:.3g} ms of host time a layer and micro-batch over the "
-                f"fused one on every stage past the first, paid in full: the GPU waits on the host ({idle:.0%} idle "
-                f"between kernels of {med:.3g} us median). Measured on an H200 (torch 2.11, bf16, h 512-1024, issued "
+                f"fused one on every stage past the first, paid in full: the GPU waits on the host{seen}. Measured on an H200 (torch 2.11, bf16, h 512-1024, issued "
                 "as the schedule issues them): 1.1-1.7 ms a layer and micro-batch, the two passes 1.6-2.8x the fused "
                 "backward's time (benchmarks/split_backward.py)")
     return (f"{what} priced as dear as the fused one: on a GPU its extra is host time, which queued kernels hide "
