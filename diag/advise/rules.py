@@ -14,8 +14,8 @@ from typing import Optional
 
 from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
-from .calibrate import (IDLE_MIN, SHORT_KERNEL_US, host_words, median_kernel_us, shared_cores, waits_on_host,
-                        window_step, with_micro_batch)
+from .calibrate import (IDLE_MIN, SHORT_KERNEL_US, WAITING_HOST_MIN, host_words, median_kernel_us, shared_cores,
+                        waits_on_host, window_step, with_micro_batch)
 from .memory import zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
@@ -23,7 +23,6 @@ DP_EXPOSED_MIN = 0.05      # exposed DP communication, fraction of the step
 TP_EXPOSED_MIN = 0.10      # exposed TP communication, fraction of the step
 CP_EXPOSED_MIN = 0.10      # exposed CP communication, fraction of the step
 HOST_FIXED_MIN = 0.10      # host operators' fixed cost (CPU timelines), fraction of the step
-WAITING_HOST_MIN = 0.30    # with longer kernels, idle above this share: the GPU waits on the host
 IMBALANCE_MIN = 1.10       # slowest / fastest stage compute
 FP32_MIN = 0.30            # fp32 GEMM share of compute kernel time
 STRAGGLER_MIN = 0.05      # the others' wait for one rank, fraction of the step
@@ -138,9 +137,8 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
 
 
 def _gpu_schedule_caveat(ctx: Context) -> Optional[str]:
-    """On a GPU timeline that waits on the host between short kernels (the micro-batch rule's
-    launch-bound evidence: idle >= IDLE_MIN of the step, top compute kernels' median under
-    SHORT_KERNEL_US), the multi-stage runtime's extra host time per action lands on the step, and
+    """On a GPU timeline that waits on the host between its kernels (calibrate.waits_on_host, the
+    micro-batch rule's launch-bound evidence), the multi-stage runtime's extra host time per action lands on the step, and
     the model does not price it (measured on the H200 sample: sample_traces/README.md): said, and
     the confidence low."""
     waiting = waits_on_host(ctx.d)
