@@ -15,9 +15,9 @@ Each iteration runs one forward, then the fused or the split backward, alternati
 alternates too), so drift on a shared machine falls on both. Each figure is the median over the
 iterations after --warmup; on CUDA a pass is timed on the host with the device synchronised before
 and after (the pass's wall time, launches and kernels: what a stage's timeline holds), and by CUDA
-events. The first iteration's weight gradients of the two backwards are compared (they must agree). Printed per stage kind (`last`: layers, final LayerNorm, head and the trainer's loss; `middle`:
-layers alone, an output gradient given): each pass's median, backward over forward, and split over
-fused: the figure diag.advise.calibrate.SPLIT_BACKWARD_EXTRA is (split / fused - 1), measured there on
+events. The first iteration's weight gradients of the two backwards are compared (they must agree).
+Printed per stage kind (`last`: layers, final LayerNorm, head and the trainer's loss; `middle`: layers
+alone, an output gradient given): each pass's median, backward over forward, and split over fused: the figure diag.advise.calibrate.SPLIT_BACKWARD_EXTRA is (split / fused - 1), measured there on
 the trainer's pipeline job (benchmarks/README.md, issue #19). Then `stream`: 8 micro-batches in a row with no
 synchronisation between passes, fused (F, B) against split (F, I, the previous micro-batch's W), a
 micro-batch's forward and backward each, and what the split adds a layer: on a GPU the host time that
@@ -73,6 +73,12 @@ class Timer:
         return out, wall, (start.elapsed_time(end) / 1e3 if self.cuda else None)
 
 
+def handover(out, last: bool, grad_out) -> tuple:
+    """(stage_backward's outputs, their gradients) as a stage hands them over: the loss alone on the last stage,
+    else (outputs,) and (their gradients,). stage_backward_input takes the outputs in a tuple either way: (out,)."""
+    return (out, None) if last else ((out,), (grad_out,))
+
+
 def measure(kind: str, cfg: ModelConfig, layers: int, mb: int, device: torch.device, dtype: torch.dtype,
             iters: int, warmup: int) -> dict:
     """{pass: (median wall s, median event s or None)} over the iterations after warmup, for one stage kind."""
@@ -101,14 +107,13 @@ def measure(kind: str, cfg: ModelConfig, layers: int, mb: int, device: torch.dev
         for how in order:
             x = x0.detach().requires_grad_(True)
             out, wall, ev = timer(lambda: forward(x))
-            # as the stage hands them over: the loss alone (last), else (outputs,) and (their gradients,)
-            outs, grads = (out, None) if last else ((out,), (grad_out,))
+            outs, grads = handover(out, last, grad_out)
             rec = [("forward", wall, ev)]
             if how == "fused":
                 _, wall, ev = timer(lambda: stage_backward(outs, grads, [x]))
                 rec.append(("fused", wall, ev))
             else:
-                (_, groups), wall, ev = timer(lambda: stage_backward_input(outs if not last else (out,), grads, [x], iter(params)))
+                (_, groups), wall, ev = timer(lambda: stage_backward_input((out,), grads, [x], iter(params)))
                 rec.append(("input", wall, ev))
                 _, wall, ev = timer(lambda: stage_backward_weight(iter(params), groups))
                 rec.append(("weight", wall, ev))
@@ -140,11 +145,11 @@ def stream(forward, last: bool, x0, grad_out, params, timer, iters: int, warmup:
         for _ in range(k):
             x = x0.detach().requires_grad_(True)
             out = forward(x)
-            outs, grads = (out, None) if last else ((out,), (grad_out,))
+            outs, grads = handover(out, last, grad_out)
             if how == "fused":
                 stage_backward(outs, grads, [x])
                 continue
-            _, groups = stage_backward_input((out,) if last else outs, grads, [x], iter(params))
+            _, groups = stage_backward_input((out,), grads, [x], iter(params))
             if pending is not None:
                 stage_backward_weight(iter(params), pending)
             pending = groups

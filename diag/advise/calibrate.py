@@ -216,17 +216,22 @@ def _untraced_tap(d: Diagnosis, notes: list) -> tuple[float, float, float]:
     return tap, own, comm
 
 
-def _untraced_step(d: Diagnosis, step: float) -> Optional[float]:
-    """The run's untraced steps' median (diag_run.json's profile.untraced_step_s) where it is shorter
-    than the traced `step` (by UNTRACED_MARGIN) on a host timeline with every rank's operators
-    counted: the profiler's own cost per recorded operator is then fitted (calibrate). None
-    otherwise: a GPU timeline's kernels do not pay the profiler's host callbacks, and another
-    program's trace does not say."""
+def _untraced_shorter(d: Diagnosis, step: float) -> Optional[float]:
+    """The run's untraced steps' median (diag_run.json's profile.untraced_step_s) where it is shorter than the
+    traced `step` by UNTRACED_MARGIN; None otherwise (another program's trace does not say)."""
     profile = d.facts.profile if d.facts else None
     untraced = profile.untraced_step_s if profile is not None else None
-    if not (untraced and _host_ops(d)) or untraced >= step * (1 - UNTRACED_MARGIN):   # HostOps: host timelines
+    if not untraced or untraced >= step * (1 - UNTRACED_MARGIN):
         return None
     return float(untraced)
+
+
+def _untraced_step(d: Diagnosis, step: float) -> Optional[float]:
+    """_untraced_shorter on a host timeline with every rank's operators counted (HostOps): the profiler's own
+    cost per recorded operator is then fitted (calibrate). None otherwise: on a GPU timeline the operators are
+    not counted (_untraced_on_gpu says so)."""
+    untraced = _untraced_shorter(d, step)
+    return untraced if untraced is not None and _host_ops(d) else None
 
 
 def _untraced_on_gpu(d: Diagnosis, step: float, notes: list) -> None:
@@ -235,9 +240,8 @@ def _untraced_on_gpu(d: Diagnosis, step: float, notes: list) -> None:
     there (its host operators are counted on host timelines only), so the predictions are of traced steps. Where
     the GPU waits on the host the profiler's host callbacks are in the idle the launch overhead is read from
     (on the H200 recompute job the traced step was 2.3x the untraced one: benchmarks/README.md)."""
-    profile = d.facts.profile if d.facts else None
-    untraced = profile.untraced_step_s if profile is not None else None
-    if d.host_timeline or not untraced or untraced >= step * (1 - UNTRACED_MARGIN):
+    untraced = None if d.host_timeline else _untraced_shorter(d, step)
+    if untraced is None:
         return
     waiting = waits_on_host(d)
     notes.append(f"the run's untraced steps' median {untraced * 1e3:.4g} ms (diag_run.json) is "
@@ -595,18 +599,24 @@ def median_kernel_us(d: Diagnosis) -> Optional[float]:
     return kernels[len(kernels) // 2] if kernels else None
 
 
+def idle_waits_on_host(d: Diagnosis, idle: float, med: float) -> bool:
+    """Whether idle, `idle` of the step, between compute kernels of a median `med` us is the device waiting on
+    the host (the micro-batch rule's launch-bound evidence): IDLE_MIN of the step between kernels under
+    SHORT_KERNEL_US; between longer ones WAITING_HOST_MIN, and no straggler to explain it better."""
+    if med < SHORT_KERNEL_US:
+        return idle >= IDLE_MIN
+    return idle >= WAITING_HOST_MIN and not (d.comm and d.comm.stragglers)
+
+
 def waits_on_host(d: Diagnosis) -> Optional[tuple[float, float]]:
     """(idle share of the step, median top compute kernel in us) where a GPU timeline waits on the host between
-    its kernels, as the micro-batch rule reads it: idle >= IDLE_MIN of the step between kernels of a median under
-    SHORT_KERNEL_US, or idle >= WAITING_HOST_MIN between longer ones with no straggler to explain it; None
-    elsewhere (a host timeline, no kernels, little idle)."""
+    its kernels (idle_waits_on_host); None elsewhere (a host timeline, no kernels, too little idle, or a share
+    over 1: step marks that do not bound the work)."""
     if d.host_timeline:
         return None
     idle = max((f.share_of_step or 0.0 for f in d.findings if f.kind == FindingKind.IDLE), default=0.0)
     med = median_kernel_us(d)
-    if med is None or idle < IDLE_MIN or idle > 1.0:      # over 1: step marks that do not bound the work
-        return None
-    if med >= SHORT_KERNEL_US and (idle < WAITING_HOST_MIN or (d.comm and d.comm.stragglers)):
+    if med is None or idle > 1.0 or not idle_waits_on_host(d, idle, med):
         return None
     return idle, med
 

@@ -14,8 +14,8 @@ from typing import Optional
 
 from ..analysis.results import Finding, FindingKind, StragglerKind
 from .propose import Context, Recommendation, ev
-from .calibrate import (IDLE_MIN, SHORT_KERNEL_US, WAITING_HOST_MIN, host_words, median_kernel_us, shared_cores,
-                        waits_on_host, window_step, with_micro_batch)
+from .calibrate import (IDLE_MIN, SHORT_KERNEL_US, WAITING_HOST_MIN, host_words, idle_waits_on_host,
+                        median_kernel_us, shared_cores, waits_on_host, window_step, with_micro_batch)
 from .memory import zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
@@ -109,9 +109,9 @@ def _split_words(ctx: Context) -> str:
         waiting = waits_on_host(ctx.d)     # what set it in the calibration; None only for another diagnosis's
         seen = f" ({waiting[0]:.0%} idle between kernels of {waiting[1]:.3g} us median)" if waiting else ""
         return (f"{what} priced {w.split_backward_host_s * 1e3:.3g} ms of host time a layer and micro-batch over the "
-                f"fused one on every stage past the first, paid in full: the GPU waits on the host{seen}. Measured on an H200 (torch 2.11, bf16, h 512-1024, issued "
-                "as the schedule issues them): 1.1-1.7 ms a layer and micro-batch, the two passes 1.6-2.8x the fused "
-                "backward's time (benchmarks/split_backward.py)")
+                f"fused one on every stage past the first, paid in full: the GPU waits on the host{seen}. Measured on "
+                "an H200 (torch 2.11, bf16, h 512-1024, issued as the schedule issues them): 1.1-1.7 ms a layer and "
+                "micro-batch, the two passes 1.6-2.8x the fused backward's time (benchmarks/split_backward.py)")
     return (f"{what} priced as dear as the fused one: on a GPU its extra is host time, which queued kernels hide "
             "where the GPU does not wait on the host (measured on an H200, torch 2.11, bf16: 0.1-0.5 ms a layer and "
             "micro-batch, 1-3% of the forward and backward, at h 4096-8192; 1.1-1.7 ms where it waits, at h "
@@ -138,8 +138,8 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
 
 def _gpu_schedule_caveat(ctx: Context) -> Optional[str]:
     """On a GPU timeline that waits on the host between its kernels (calibrate.waits_on_host, the
-    micro-batch rule's launch-bound evidence), the multi-stage runtime's extra host time per action lands on the step, and
-    the model does not price it (measured on the H200 sample: sample_traces/README.md): said, and
+    micro-batch rule's launch-bound evidence), the multi-stage runtime's extra host time per action
+    lands on the step, and the model does not price it (measured on the H200 sample: sample_traces/README.md): said, and
     the confidence low."""
     waiting = waits_on_host(ctx.d)
     if waiting is None:
@@ -354,7 +354,7 @@ def micro_batch(ctx: Context) -> list[Recommendation]:
     if med is not None and f is not None:
         e.append(ev("median mean duration of top compute kernels", med, SHORT_KERNEL_US, "us", "Top kernels"))
         long_kernels = med >= SHORT_KERNEL_US
-        if long_kernels and (f.share_of_step < WAITING_HOST_MIN or (ctx.d.comm and ctx.d.comm.stragglers)):
+        if long_kernels and not idle_waits_on_host(ctx.d, f.share_of_step, med):
             return []  # long kernels: idle is not launch overhead, and a straggler explains it better
         if long_kernels:   # fired on the waiting-on-the-host threshold: the evidence says that one
             e[0] = ev(f.what, f.share_of_step, WAITING_HOST_MIN, "fraction of step", "Where the time goes")
