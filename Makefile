@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= trainer,hta,dashboard,bench,cluster,dev
 
-.PHONY: setup system-deps demo test audit bench bench-scale bench-big bench-tune clean
+.PHONY: setup system-deps demo test audit bench bench-scale bench-big bench-tune bench-tune-record clean
 
 # Debian packages the tests use for real: a headless browser for the dashboard test and a
 # Prometheus server (with promtool) for the metrics integration test.
@@ -82,7 +82,12 @@ bench-big: setup
 # read its ratios next to the noise it prints; benchmarks/README.md has the readings).
 bench-tune: setup
 	@mkdir -p bench_out
-	$(BIN)/python benchmarks/bench_tune.py --repeats 3 --max-repeats 20 --max-minutes 3 --out bench_out/tune
+	$(BIN)/python benchmarks/bench_tune.py --repeats 3 --max-repeats 20 --max-minutes 3 --out bench_out/tune-$$(date -u +%Y%m%d-%H%M)
+
+# The closed loop's record: every reading bench-tune kept (bench_out/tune-*), priced again by the model at
+# this code, pooled per lever (benchmarks/tune_record.py; benchmarks/README.md).
+bench-tune-record: setup
+	$(BIN)/python benchmarks/tune_record.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -49,12 +49,24 @@ def _steps_jsonl(out: str) -> list[float]:
     return [r["step_seconds"] for r in rows if r["step"] >= 1 and not lo <= r["step"] <= hi]
 
 
-def test_closed_loop_applies_the_recommendation(tmp_path):
+def _bench_module(name: str, monkeypatch):
+    """A script of benchmarks/ loaded as a module (its dataclasses look their module up in sys.modules)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py"))
+    b = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, b)
+    spec.loader.exec_module(b)
+    return b
+
+
+def test_closed_loop_applies_the_recommendation(tmp_path, monkeypatch):
     # two pairs, then more until the measured change settles or there are three: two pairs never
     # settle (their interval covers the median 50% of the time, under the 75% asked), so a third
     # pair is made whatever the machine's noise, and none after it
     said = []
-    res = tune(POOR, str(tmp_path), python=sys.executable, repeats=2, max_repeats=3, say=said.append)
+    out = str(tmp_path / "bubble")              # bench_tune.py's layout: a reading's directory, then the lever's
+    res = tune(POOR, out, python=sys.executable, repeats=2, max_repeats=3, say=said.append)
     assert res.applied is not None and res.applied.rule == "bubble", res.message
     assert res.applied.flags["--micro-batch-size"] in ("1", "2", "4")
     assert res.before.runs == 3 and res.after.runs == 3 and res.after.steps >= 6
@@ -109,6 +121,19 @@ def test_closed_loop_applies_the_recommendation(tmp_path):
     assert said[5].startswith("3 pairs: " + ("not settled at --max-repeats" if loose else "settled")) and len(said) == 6
     inside = min(changes) <= res.predicted_change <= max(changes)
     assert ("the prediction lies inside this one" in text) is (loose and inside)
+    # benchmarks/tune_record.py reads the same runs back from the reading's directory and prices each
+    # "before" run again at this code: the same prices, the same pairs' changes, and pooled, the same medians
+    rec = _bench_module("tune_record", monkeypatch)
+    found = rec.pairs_of(str(tmp_path), "bubble")
+    assert [(i, b, a) for i, b, a in found] == [(i, res.before.out + x, res.after.out + x) for i, x in enumerate(suffixes)]
+    pairs = [rec.measure((str(tmp_path), "bubble", i, b, a)) for i, b, a in found]
+    assert not [p.skip for p in pairs if p.skip]
+    assert [p.price for p in pairs] == [None if x is None else pytest.approx(x, rel=1e-12) for x in prices]
+    assert [statistics.median(p.after) / statistics.median(p.before) - 1 for p in pairs] == pytest.approx(changes, rel=1e-12)
+    assert [p.memory_predicted for p in pairs][0] == res.applied.memory_after_bytes
+    cells, err = rec.lever_row("bubble", pairs)
+    assert cells[:5] == ["bubble", "1", "3", rec._pct(res.predicted_change), rec._pct(res.measured_change)]
+    assert err == pytest.approx(res.error, rel=1e-12)
 
 
 def test_cli_tune_refuses_bad_input(tmp_path):
@@ -206,13 +231,7 @@ def test_bench_tune_says_under_its_table_which_levers_met_the_goal(monkeypatch):
     """benchmarks/bench_tune.py's line under the table: the step within 25% and memory within 15%,
     counted over the levers measured (a declined change priced at ~0 and an unmeasured lever have no
     step error), the ones out named with their error."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "bench_tune", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                                   "bench_tune.py"))
-    b = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_tune", b)     # its dataclasses look their module up
-    spec.loader.exec_module(b)
+    b = _bench_module("bench_tune", monkeypatch)
     rows = [b.Row(["bubble"], 0.55, -0.095), b.Row(["micro_batch"], 0.09, 0.059), b.Row(["dp_overlap"], None, 0.0),
             b.Row(["interleave"], 0.25, 0.068), b.Row(["zero_down"], 0.26, -0.151), b._unmeasured("cp", "failed")]
     assert b.goal(rows) == ("step change within 25% for 2 of 4 levers (out: bubble 55%, zero_down 26%); "
