@@ -130,10 +130,11 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
             "one a 1F1B trace shows (~1.0 against ~0.66 ms measured): the multi-stage runtime's extra host work per "
             "action is not priced. Where actions take a few ms it outweighs the bubble removed (measured on CPU, "
             "~2 ms actions: interleaved 1F1B +17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms "
-            "actions ZB1P measured -21% against -19% predicted, and interleaved 1F1B's gain fell short of its price "
-            "in ten of eleven readings on one day (its pairs' medians -0.9..-14.5% against -12.5..-15.5% before "
-            "the runtime was priced per action, which moved it ~0.6 points; within 25% in seven), the multi-stage "
-            "runtime taking ~5.7 ms more of each rank's untraced step than 1F1B's (benchmarks/README.md)")
+            "actions ZB1P measured -13.2% against -13.4% predicted and interleaved 1F1B -7.7% against -12.4% (the "
+            "median over 68 and 76 pairs of runs of eleven readings, priced at this code: interleaving's gain "
+            "over-priced by about a third there, where 66 pairs made by hand in other hours measured -10.0% against "
+            "-11.5%), the multi-stage runtime taking ~5.7 ms more of each rank's untraced step than 1F1B's "
+            "(benchmarks/README.md, benchmarks/tune_record.py)")
 
 
 def _gpu_schedule_caveat(ctx: Context) -> Optional[str]:
