@@ -13,7 +13,7 @@ their pairs'), and the peak memory's error. A model change can so be read agains
 measurement in minutes, where a new reading takes twenty and says less. CPU readings only (a run
 whose diag_run.json says `cuda` is left out, and counted).
 
-    python benchmarks/tune_record.py [DIR ...] [--only interleave,...] [--jobs 2]
+    python benchmarks/tune_record.py [DIR ...] [--only interleave,...] [--jobs 2] [--by-reading]
         (default DIR: bench_out/tune-*, bench_out/tune, every reading kept there)
 """
 from __future__ import annotations
@@ -142,6 +142,31 @@ def error(predicted: Optional[float], measured: Optional[float]) -> Optional[flo
     return abs(predicted - measured) / abs(measured) if predicted is not None and measured else None
 
 
+def reading_figures(pairs: list[Pair]) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """One reading's (median price, median measured change, step error) of a lever's pairs; None where unread."""
+    ok = [p for p in pairs if not p.skip and p.before and p.after]
+    prices = [p.price for p in ok if p.price is not None]
+    changes = pair_changes([p.before for p in ok], [p.after for p in ok])
+    pred = float(median(prices)) if prices else None
+    meas = float(median(changes)) if changes else None
+    return pred, meas, error(pred, meas)
+
+
+def by_reading(levers: list[str], pairs: list[Pair]) -> list[str]:
+    """A table of the readings (rows) by lever: each reading's median price / median measured change
+    (step error), so that an hour's or a day's misses show as a row."""
+    readings = sorted({p.reading for p in pairs})
+    lines = ["| reading | " + " | ".join(levers) + " |", "|---|" + "---|" * len(levers)]
+    for r in readings:
+        cells = []
+        for lever in levers:
+            pred, meas, e = reading_figures([p for p in pairs if p.reading == r and p.lever == lever])
+            cells.append("-" if pred is None or meas is None else
+                         f"{_pct(pred)} / {_pct(meas)}" + ("" if e is None or lever in DECLINED else f" ({100 * e:.0f}%)"))
+        lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def lever_row(lever: str, pairs: list[Pair]) -> tuple[list[str], Optional[float]]:
     """The lever's cells over every reading's pairs, and its pooled step error (None: declined, or unread)."""
     ok = [p for p in pairs if not p.skip and p.before and p.after]
@@ -155,10 +180,7 @@ def lever_row(lever: str, pairs: list[Pair]) -> tuple[list[str], Optional[float]
     declined = lever in DECLINED
     met = 0
     for r in readings:
-        rp = [p for p in ok if p.reading == r]
-        rprices = [p.price for p in rp if p.price is not None]
-        e = error(float(median(rprices)), float(median(pair_changes([p.before for p in rp], [p.after for p in rp])))) \
-            if rprices else None
+        _, _, e = reading_figures([p for p in ok if p.reading == r])
         met += e is not None and e <= GOAL_STEP
     mem = [p.memory_predicted / p.memory_measured - 1 for p in ok if p.memory_predicted and p.memory_measured]
     err = error(pred, meas)
@@ -178,6 +200,8 @@ def main() -> int:
     ap.add_argument("dirs", nargs="*", help="readings (bench_tune.py --out DIRs); default: bench_out/tune-*, bench_out/tune")
     ap.add_argument("--only", default="", help="comma-separated levers (default: all of bench_tune.py's CPU cases)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes reading runs")
+    ap.add_argument("--by-reading", action="store_true",
+                    help="also a table of each reading's price / measured change (step error) per lever")
     a = ap.parse_args()
     dirs = a.dirs or sorted(glob.glob(os.path.join("bench_out", "tune-*")) + glob.glob(os.path.join("bench_out", "tune")))
     dirs = [d for d in dirs if os.path.isdir(d)]
@@ -201,6 +225,8 @@ def main() -> int:
     print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD))
     for cells, _ in rows:
         print("| " + " | ".join(cells) + " |")
+    if a.by_reading:
+        print("\n" + "\n".join(by_reading(levers, pairs)))
     errs = [(cells[0], e) for cells, e in rows if e is not None]
     out = [f"{n} {100 * e:.0f}%" for n, e in errs if e > GOAL_STEP]
     print(f"\npooled: step change within {100 * GOAL_STEP:.0f}% for {len(errs) - len(out)} of {len(errs)} levers"

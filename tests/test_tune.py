@@ -134,6 +134,8 @@ def test_closed_loop_applies_the_recommendation(tmp_path, monkeypatch):
     cells, err = rec.lever_row("bubble", pairs)
     assert cells[:5] == ["bubble", "1", "3", rec._pct(res.predicted_change), rec._pct(res.measured_change)]
     assert err == pytest.approx(res.error, rel=1e-12)
+    assert rec.by_reading(["bubble"], pairs)[2] == (f"| {tmp_path.name} | {rec._pct(res.predicted_change)} / "
+                                                    f"{rec._pct(res.measured_change)} ({100 * res.error:.0f}%) |")
 
 
 def test_cli_tune_refuses_bad_input(tmp_path):
