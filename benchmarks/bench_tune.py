@@ -9,7 +9,8 @@ change, each pair's in brackets; with `--max-repeats`, more pairs until that cha
 `--max-minutes` no pair that would take a lever's pairs past those minutes), the
 measured change's interval over the pairs (the median's distribution-free interval, its coverage and
 the pairs: tune.median_interval), the step error (|predicted - measured| / |measured| change),
-predicted and measured peak memory per rank. `make bench-tune` runs it.
+predicted and measured peak memory per rank. `make bench-tune` runs it, each reading into its own
+bench_out/tune-YYYYMMDD-HHMM; `make bench-tune-record` (tune_record.py) pools every kept reading.
 The goal (issue #19): step change within 25% and memory within 15% of measured on CPU; a line under
 the table counts the levers that met it and names those that did not (a change its rule declined,
 priced at ~0, has its points apart against the noise instead of a step error). This is a
