@@ -172,7 +172,7 @@ def diagnose(job: Job, top_n: int = 10, tp: Optional[int] = None, pp: Optional[i
     ca = comm_analysis(comms, ranks, job.world_size, devices[0] if devices else None, link_gbps, bench,
                        _unknown_axis_note(grid), _smaller_groups(summaries, job.world_size),
                        ([file_host(s.path, s.host) for s in summaries],
-                        [None if s.start_epoch_us is None else round(s.start_epoch_us * 1000) for s in summaries])) \
+                        [s.start_epoch_ns for s in summaries])) \
         if any(len(rc) for rc in comms) else None
     backends = {rt.backend for rt in job.ranks if rt.backend}
     d = Diagnosis(

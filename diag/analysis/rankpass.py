@@ -58,6 +58,7 @@ class RankSummary:
     attention: Optional[str] = None                 # shapes.attention_kind: fused | eager; None: not seen
     memory: RankMemory = field(default_factory=RankMemory)   # measured peak and curve (memuse)
     host: Optional[str] = None                      # its trace header's host_name (RankTrace.host)
+    start_epoch_ns: Optional[int] = None            # RankTrace.start_epoch_ns: the host's clock to the ns
 
     def set_rank(self, rank: int) -> None:
         """The rank a trace without distributedInfo is shown as (chosen by the merge)."""
@@ -121,4 +122,4 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
                        pg_config=compact_pg_config(rt.pg_config), pp=pp,
                        gemms=[[op, [list(d) for d in dims], int(n)] for (op, dims), n in rt.gemms.items()],
                        dtensor=bool(t.name_mask(DTENSOR_RE.match).any()), memory=rank_memory(rt, w, timeline),
-                       attention=attention_kind(t.symbols.names), host=rt.host)
+                       attention=attention_kind(t.symbols.names), host=rt.host, start_epoch_ns=rt.start_epoch_ns)

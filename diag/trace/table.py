@@ -127,6 +127,8 @@ class RankTrace:
     devices: list = field(default_factory=list)   # deviceProperties entries
     trace_id: Optional[str] = None
     start_epoch_us: Optional[float] = None        # best estimate of wall-clock start
+    start_epoch_ns: Optional[int] = None          # the same in integer ns (build._epoch_ns): the host's clock
+                                                  # to the nanosecond, for transfers timed across ranks
     host: Optional[str] = None                    # the header's host_name (Kineto since 2024)
     thread_names: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)   # phase/problem -> count
