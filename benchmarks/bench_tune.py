@@ -168,19 +168,21 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
                step_error=None if forced else step_err, memory_error=mem_err)
 
 
+def declined_price(d, rule: str) -> tuple:
+    """A declined lever's change (DECLINED) priced by the model calibrated on diagnosis d: (calibration,
+    predicted step after the change, the change)."""
+    cal = calibrate(d)
+    after = cal.predict(replace(cal.config, **DECLINED[rule][1]))
+    return cal, after, after / cal.measured_step_s - 1
+
+
 def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Optional[int] = None,
              max_minutes: Optional[float] = None, say=None) -> TuneResult:
     """The change of a lever its rule declined (DECLINED), priced by the model calibrated on each run
     of the first configuration, run and compared as an applied recommendation is."""
-    flags, change, memory_change = DECLINED[rule]    # trainer flags, model Config and MemoryConfig changes
+    flags, _, memory_change = DECLINED[rule]         # trainer flags, model Config and MemoryConfig changes
     d = res.before.diagnosis
-
-    def priced(d):                               # (calibration, predicted step after the change, the change)
-        cal = calibrate(d)
-        after = cal.predict(replace(cal.config, **change))
-        return cal, after, after / cal.measured_step_s - 1
-
-    cal, after, first = priced(d)
+    cal, after, first = declined_price(d, rule)
     why = next((n for n in res.message.split("; ") if n.startswith("not proposed")), "not proposed")
     rec = Recommendation(rule=rule, title=f"{' '.join(flags)} all the same ({why})",
                          evidence=[ev("predicted step change", 100 * first, 0, "%")],
@@ -189,7 +191,7 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Op
     memory, config, _, _ = mem.of_diagnosis(d)
     if memory is not None:                       # the change moves no memory the model holds
         rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
-    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: priced(d)[2], max_repeats=max_repeats,
+    return confirm(res.before, rec, out, repeats=repeats, price=lambda d: declined_price(d, rule)[2], max_repeats=max_repeats,
                    max_minutes=max_minutes, say=say)
 
 

@@ -25,17 +25,16 @@ import os
 import shlex
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, _pct  # noqa: E402
-from diag.advise.calibrate import calibrate  # noqa: E402
+from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, _pct, declined_price  # noqa: E402
 from diag.advise.recommend import advise  # noqa: E402
-from diag.advise.tune import measured_peak_memory, measured_steps, median_interval, pair_changes  # noqa: E402
+from diag.advise.tune import measured_peak_memory, measured_steps, median_interval, pair_changes, step_error  # noqa: E402
 from diag.analysis import diagnose  # noqa: E402
 from diag.analysis.collect import load_summaries  # noqa: E402
 from diag.trace.columns import median  # noqa: E402
@@ -111,9 +110,7 @@ def price(lever: str, d, after_args: list[str]) -> tuple[Optional[float], Option
     """(the change the model prices from diagnosis d, its predicted peak memory per rank): the lever's
     recommendation whose flags the after run ran; a declined lever's change as bench_tune.py prices it."""
     if lever in DECLINED:
-        _, change, memory_change = DECLINED[lever]
-        cal = calibrate(d)
-        return cal.predict(replace(cal.config, **change)) / cal.measured_step_s - 1, None
+        return declined_price(d, lever)[2], None
     ran = flag_values(after_args)
     for r in advise(d).recommendations:
         if r.rule == lever and r.step_s_before and r.step_s_after is not None and \
@@ -138,18 +135,18 @@ def measure(job: tuple) -> Pair:
     return p
 
 
-def error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
-    return abs(predicted - measured) / abs(measured) if predicted is not None and measured else None
+def read(pairs: list[Pair]) -> tuple[list[Pair], list[float], list[float]]:
+    """(the pairs read, their prices, their measured changes)."""
+    ok = [p for p in pairs if not p.skip and p.before and p.after]
+    return ok, [p.price for p in ok if p.price is not None], pair_changes([p.before for p in ok], [p.after for p in ok])
 
 
 def reading_figures(pairs: list[Pair]) -> tuple[Optional[float], Optional[float], Optional[float]]:
     """One reading's (median price, median measured change, step error) of a lever's pairs; None where unread."""
-    ok = [p for p in pairs if not p.skip and p.before and p.after]
-    prices = [p.price for p in ok if p.price is not None]
-    changes = pair_changes([p.before for p in ok], [p.after for p in ok])
+    _, prices, changes = read(pairs)
     pred = float(median(prices)) if prices else None
     meas = float(median(changes)) if changes else None
-    return pred, meas, error(pred, meas)
+    return pred, meas, step_error(pred, meas)
 
 
 def by_reading(levers: list[str], pairs: list[Pair]) -> list[str]:
@@ -169,9 +166,7 @@ def by_reading(levers: list[str], pairs: list[Pair]) -> list[str]:
 
 def lever_row(lever: str, pairs: list[Pair]) -> tuple[list[str], Optional[float]]:
     """The lever's cells over every reading's pairs, and its pooled step error (None: declined, or unread)."""
-    ok = [p for p in pairs if not p.skip and p.before and p.after]
-    prices = [p.price for p in ok if p.price is not None]
-    changes = pair_changes([p.before for p in ok], [p.after for p in ok])
+    ok, prices, changes = read(pairs)
     readings = sorted({p.reading for p in ok})
     if not prices or not changes:
         return [lever, str(len(readings)), str(len(changes)), *["-"] * 6], None
@@ -183,7 +178,7 @@ def lever_row(lever: str, pairs: list[Pair]) -> tuple[list[str], Optional[float]
         _, _, e = reading_figures([p for p in ok if p.reading == r])
         met += e is not None and e <= GOAL_STEP
     mem = [p.memory_predicted / p.memory_measured - 1 for p in ok if p.memory_predicted and p.memory_measured]
-    err = error(pred, meas)
+    err = step_error(pred, meas)
     step_cell = f"{100 * abs(pred - meas):.1f} pts (declined)" if declined else f"{100 * err:.0f}%"
     return [lever, str(len(readings)), str(len(changes)), _pct(pred), _pct(meas),
             "-" if iv is None else f"{_pct(iv[0])}..{_pct(iv[1])} ({100 * iv[2]:.0f}%)", step_cell,

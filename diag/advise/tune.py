@@ -89,9 +89,14 @@ class TuneResult:
     @property
     def error(self) -> Optional[float]:
         """|predicted - measured| / |measured| change, measured on the unprofiled steps."""
-        if self.predicted_change is None or not self.measured_change:
-            return None
-        return abs(self.predicted_change - self.measured_change) / abs(self.measured_change)
+        return step_error(self.predicted_change, self.measured_change)
+
+
+def step_error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
+    """|predicted - measured| / |measured| change; None where either is unknown or nothing was measured."""
+    if predicted is None or not measured:
+        return None
+    return abs(predicted - measured) / abs(measured)
 
 
 def _argv(command: str, out: str, python: str) -> list[str]:

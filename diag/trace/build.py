@@ -183,11 +183,9 @@ def _epoch_ns(doc: schema.TraceFile, t0_us: float) -> Optional[int]:
     base = doc.baseTimeNanoseconds
     if not isinstance(base, (int, float)) or isinstance(base, bool):
         base = 0
-    elif isinstance(base, float):
-        base = round(base) if math.isfinite(base) and abs(base) < 1 << 62 else None
-    if base is None or not abs(base) < 1 << 62 or not math.isfinite(t0_us):
+    if not abs(base) < 1 << 62 or not math.isfinite(t0_us):     # also inf and nan
         return None
-    return base + round(t0_us * 1000)
+    return round(base) + round(t0_us * 1000)
 
 
 def _rank_trace(path, doc, table, comms, meta_events, threads, skipped) -> RankTrace:
