@@ -139,13 +139,13 @@ def test_zero_bubble_prices_the_measured_weight_share():
 
 
 def test_calibration_carries_the_measured_share_into_the_zero_bubble_lever():
-    """The real 2-stage CPU run: the model's weight share is the ranks' mean, said in the calibration
-    notes and in the zero-bubble recommendation's assumptions; a job without autograd nodes keeps
-    half and says it is assumed."""
+    """A real PP 2 CPU run (TP 2 x PP 2 x DP 2, 8 ranks): the model's weight share is the ranks' mean, said in
+    the calibration notes and in the zero-bubble recommendation's assumptions; a job without autograd nodes
+    keeps half and says it is assumed."""
     from diag.advise.calibrate import calibrate
     from diag.advise.recommend import with_advice
     from diag.analysis import diagnose
-    d = diagnose(load_job("sample_traces/pp2_m2"))
+    d = diagnose(load_job("sample_traces/tp2_pp2_dp2"))
     shares = [r.backward.weight_share for r in d.ranks]
     cal = calibrate(d)
     assert cal.workload.weight_share == pytest.approx(float(np.mean(shares)))

@@ -367,15 +367,15 @@ def test_zero_bubble_schedule_is_simulated(tmp_path):
 
 
 def test_schedule_changes_on_a_cpu_timeline_are_low_confidence_and_say_why():
-    """The multi-stage pipelining runtime's extra host work per action is not in the model; on a CPU
-    trace the schedule levers say so and are low confidence, whatever the fit (the synthesised GPU
+    """The multi-stage pipelining runtime's host work per action beyond its posts is not in the model; on a
+    CPU trace the schedule levers say so and are low confidence, whatever the fit (the synthesised GPU
     jobs above keep the fit's confidence)."""
     d = with_advice(diagnose(load_job("sample_traces/tp2_pp2_dp2")))
     recs = {r.rule: r for r in d.recommendations}
     assert {"zero_bubble", "interleave"} <= set(recs)
     for rule in ("zero_bubble", "interleave"):
         assert recs[rule].confidence == "low"
-        assert any("multi-stage runtime's extra host work per action is not priced" in a
+        assert any("that runtime's other host work per action is not priced" in a
                    for a in recs[rule].assumptions)
     assert any("split backward (input, then weight gradients: two autograd passes) priced 14% dearer" in a
                for a in recs["zero_bubble"].assumptions)

@@ -300,19 +300,20 @@ def _host_fixed(d: Diagnosis, tp: int, per_stage_mb_layers: int, compute: list,
     return host, dtensor
 
 
-def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float, list]:
-    """(seconds between two actions of a stage, per stage the idle per step less those gaps): the
+def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float, list, float]:
+    """(seconds between two actions of a stage, per stage the idle per step less those gaps, a transfer
+    post's seconds in the multi-stage runtime: _post_host): the
     pipelining runtime's host time between a stage's consecutive forwards and backwards where nothing
     else runs (analysis ActionGaps: on a host timeline its Python, on a GPU the device waiting for it),
     per action, so that a schedule with more actions a step (interleaved, zero bubble, more micro-batches)
     pays it more often; the rest of the idle stays the per-kernel launch overhead. With PP > 1 and every
-    rank's actions read only; else (0, idle), the gaps left in the launch overhead, as before."""
+    rank's actions read only; else (0, idle, 0), the gaps left in the launch overhead, as before."""
     gaps = [r.action_gaps for r in d.ranks]
     if pp < 2 or not all(g is not None and g.gaps for g in gaps):
-        return 0.0, idle
+        return 0.0, idle, 0.0
     per_step = _per_stage(d, pp, lambda r: r.action_gaps.idle_s / max(r.window_steps, 1))
     if any(g > i for g, i in zip(per_step, idle)):       # cannot be: the gaps' idle is a part of the idle
-        return 0.0, idle
+        return 0.0, idle, 0.0
     per_gap = float(np.mean([g.per_gap_s for g in gaps]))
     n = round(float(np.mean([g.gaps for g in gaps])) / _steps(d))
     notes.append(f"pipelining runtime's host time {per_gap * 1e3:.3g} ms between two actions of a stage, from the idle "
@@ -320,7 +321,25 @@ def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float,
                  f"~{n} gaps, mean over ranks): paid before each action but a step's first, so more often with more "
                  "actions a step (interleaving, zero bubble, micro-batches); taken out of the idle the launch "
                  "overhead is read from")
-    return per_gap, [i - g for i, g in zip(idle, per_step)]
+    return per_gap, [i - g for i, g in zip(idle, per_step)], _post_host(d, gaps, notes)
+
+
+def _post_host(d: Diagnosis, gaps: list, notes: list) -> float:
+    """Seconds of host time the rank's thread takes to post one transfer (a send or a receive handed to
+    the backend: ActionGaps.post_median_s, the innermost point-to-point op's host span), the mean over
+    ranks of their medians; 0 where a rank's trace shows none. Paid at each send and receive of the
+    schedules torch runs on its multi-stage runtime (schedule.POSTED_SCHEDULES), where each post is an
+    action of its own between the compute actions. A host timeline only: on a GPU the device waits for
+    the host's posts only where it waits on the host, which this does not price."""
+    if not d.host_timeline or not all(g.post_median_s for g in gaps):
+        return 0.0
+    post = float(np.mean([g.post_median_s for g in gaps]))
+    n = round(sum(g.posts for g in gaps) / len(gaps) / _steps(d))
+    notes.append(f"a transfer's post {post * 1e3:.3g} ms of the rank's thread (the median host span of its "
+                 f"point-to-point calls, ~{n} a step a rank, mean over ranks): paid at each send and receive of the "
+                 "interleaved and zero-bubble schedules, which torch's multi-stage runtime posts as actions of "
+                 "their own between the compute actions")
+    return post
 
 
 def _optimizer(d: Diagnosis, pp: int, tap: float, notes: list) -> list[float]:
@@ -527,9 +546,18 @@ def _grad_bytes(d: Diagnosis, meta: RunFacts, shards: int, zero: int, m: int, no
     return per_rank * shards
 
 
-def _schedule(meta: RunFacts) -> dict:
-    """The model's schedule and virtual stages for the run's: one chunk per rank is plain 1F1B."""
-    sched, v = model_schedule(meta.pipeline_schedule), int(meta.virtual_pipeline_stages or 1)
+def _schedule(meta: RunFacts, d: Diagnosis, notes: list) -> dict:
+    """The model's schedule and virtual stages for the run's: one chunk per rank is plain 1F1B. Where the
+    run's facts do not name the schedule, the one the trace shows (analysis.ppschedule: torch's PP:<action>
+    annotations, or the order of the compute), with its v, said; 1F1B where neither does."""
+    name, v = meta.pipeline_schedule, meta.virtual_pipeline_stages
+    seen = d.pipeline.schedule if d.pipeline else None
+    if not name and seen:
+        name, v = seen, v or d.pipeline.v
+        if seen != "1f1b":
+            notes.append(f"schedule {seen}" + (f", v = {d.pipeline.v}" if (d.pipeline.v or 1) > 1 else "")
+                         + f" as the trace shows it ({d.pipeline.source}): the run's facts do not name it")
+    sched, v = model_schedule(name), int(v or 1)
     if sched == "zb1p" and v > 1:
         raise CalibrationError(f"cannot calibrate the step-time model: it has the zero-bubble schedule with one "
                                f"stage a rank only, not {v} (interleaved zero bubble)")
@@ -659,7 +687,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     compute = [c - tap - fsdp_tap for c in _per_stage(d, pp, _per_step("compute_s"))]
     step -= tap + fsdp_tap + fsdp_comm_tap
     idle = _per_stage(d, pp, _per_step("idle_s"))
-    action, idle = _action_host(d, pp, idle, notes)
+    action, idle, post = _action_host(d, pp, idle, notes)
     per_stage_halves = m * HALVES * layers // pp
     recompute = "full" if meta.recompute_granularity == "full" else "none"    # one more forward in backward
     kernels = modelled_kernels(m, layers, pp, recompute)
@@ -717,12 +745,12 @@ def calibrate(d: Diagnosis) -> Calibration:
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
-               **_schedule(meta),
+               **_schedule(meta, d, notes),
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
                bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp)
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
-                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, action_host_s=action,
+                 p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, action_host_s=action, post_host_s=post,
                  recompute=recompute,
                  optimizer_s=float(np.mean(opt)) * c.optimizer_ranks,
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,

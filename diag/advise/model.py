@@ -21,7 +21,7 @@ from ..layout import RankGrid
 from ..trace.columns import median
 from ..trace.kinds import Coll
 from .memory import ZERO_STAGES
-from .schedule import SCHEDULES, WEIGHT_SHARE, Engine, Place, StageCosts, step_program
+from .schedule import POSTED_SCHEDULES, SCHEDULES, WEIGHT_SHARE, Engine, Place, StageCosts, step_program
 from ..record import record
 
 WARMUP_STEPS = 1      # simulated and dropped, so every kept step is in steady state
@@ -74,6 +74,9 @@ class Workload:
                                     # work where nothing else runs: analysis ActionGaps), paid before every
                                     # action but a step's first, with PP > 1: held per action when the
                                     # schedule or the micro-batches change
+    post_host_s: float = 0.0        # torch's multi-stage runtime (schedule.POSTED_SCHEDULES) runs each transfer's
+                                    # post (send or receive) as an action of its own: the thread's time to post
+                                    # one, paid after each receive and before each send under those schedules
     recompute: str = "none"         # "none" | "full" (one more forward per micro-batch in backward)
     host_fixed_s_per_layer: float = 0.0  # host operators' fixed cost, one layer, one micro-batch, forward +
                                          # backward: the same at any micro-batch size and TP (CPU timelines)
@@ -106,7 +109,7 @@ class Workload:
             raise ValueError(f"num_layers must be a positive integer, got {self.num_layers!r}")
         if not self.fwd_s_per_layer > 0 or not self.bwd_ratio > 0:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
-        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s", "action_host_s",
+        for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s", "action_host_s", "post_host_s",
                      "host_fixed_s_per_layer", "dtensor_s_per_layer", "fsdp_s_per_layer",
                      "fsdp_optimizer_s_per_layer", "param_bytes", "split_backward_extra", "split_backward_host_s"):
             if not getattr(self, name) >= 0:
@@ -276,7 +279,8 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,
         cp_dkv_s=gather_s(cp_dkv, c.cp, links.cp, links.latency_s), cp_dkv_bytes=cp_dkv,
-        action_s=w.action_host_s if c.pp > 1 else 0.0)
+        action_s=w.action_host_s if c.pp > 1 else 0.0,
+        post_s=w.post_host_s if c.pp > 1 and c.schedule in POSTED_SCHEDULES else 0.0)
 
 
 def place(grid: RankGrid, rank: int) -> Place:

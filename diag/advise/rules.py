@@ -120,21 +120,22 @@ def _split_words(ctx: Context) -> str:
 
 def _host_schedule_caveat(ctx: Context) -> Optional[str]:
     """On a host (CPU) timeline a pipeline schedule's change costs the runtime's host work per action:
-    the model prices it at what the run's trace shows between its actions (Workload.action_host_s),
-    but torch's multi-stage runtime takes more per action than the single-stage one a 1F1B trace
-    shows (measured: benchmarks/README.md): said, and the confidence low."""
+    the model prices what the run's trace shows (Workload.action_host_s between actions, Workload.post_host_s
+    a post, paid at each transfer the multi-stage runtime posts as an action of its own), but not that
+    runtime's other work per action, nor the slower operators measured under interleaving
+    (benchmarks/README.md): said, and the confidence low."""
     if not ctx.d.host_timeline:
         return None
-    return ("on a CPU timeline the pipelining runtime's host time between actions is priced at what this trace shows, "
-            "but torch's multi-stage runtime (interleaved 1F1B, ZB1P) spends more per action than the single-stage "
-            "one a 1F1B trace shows (~1.0 against ~0.66 ms measured): the multi-stage runtime's extra host work per "
-            "action is not priced. Where actions take a few ms it outweighs the bubble removed (measured on CPU, "
-            "~2 ms actions: interleaved 1F1B +17..+53%, ZB1P +15..+20% against -11..-24% predicted); with 20-100 ms "
-            "actions ZB1P measured -13.2% against -13.4% predicted and interleaved 1F1B -7.7% against -12.4% (the "
-            "median over 68 and 76 pairs of runs of eleven readings, priced at this code: interleaving's gain "
-            "over-priced by about a third there, where 66 pairs made by hand in other hours measured -10.0% against "
-            "-11.5%), the multi-stage runtime taking ~5.7 ms more of each rank's untraced step than 1F1B's "
-            "(benchmarks/README.md, benchmarks/tune_record.py)")
+    return ("on a CPU timeline the pipelining runtime's host time is priced at what this trace shows: between actions, "
+            "and a post at each send and receive, which torch's multi-stage runtime (interleaved 1F1B, ZB1P) runs as "
+            "actions of their own; that runtime's other host work per action is not priced (~0.6 against 1F1B's "
+            "~0.33 ms a gap, untraced). Where actions take a few ms it can outweigh the bubble removed (measured on CPU, "
+            "~2 ms actions, two sessions: interleaved 1F1B -16..+53%, ZB1P -11..+27%); with 20-100 ms "
+            "actions ZB1P measured -13.4% against -13.1% predicted and interleaved 1F1B -8.0% against -11.7% (the "
+            "median over 75 and 83 pairs of runs of twelve readings, priced at this code): interleaving's gain "
+            "over-priced there, its runs' operators ~3% slower than their 1F1B pairs' (the compute per layer "
+            "calibrated on each), which a 1F1B trace does not show (benchmarks/README.md, "
+            "benchmarks/tune_record.py)")
 
 
 def _gpu_schedule_caveat(ctx: Context) -> Optional[str]:
@@ -186,7 +187,8 @@ def interleave(ctx: Context, e: list) -> list[Recommendation]:
     return ctx.best("interleave", cands, e, lambda k: f"interleaved 1F1B with {k.virtual_stages} virtual stages "
                     f"per rank ({per_stage // k.virtual_stages} layer{'s' * (per_stage // k.virtual_stages > 1)} each)", prefer=lambda k: k.virtual_stages,
                     why="interleaving divides the bubble by v (Megatron-LM: (p-1)/(v·m) of ideal compute) at the "
-                        "price of v times more pipeline messages, which the model prices on the measured PP link",
+                        "price of v times more pipeline messages, which the model prices on the measured PP link and, on "
+                        "a host timeline, at the thread's measured time to post each",
                     assumptions=["the fewest virtual stages within 80% of the best predicted gain are proposed"]
                     + ([host] if host else []),
                     runnable=INTERLEAVED_RUNNABLE, confidence="low" if host else None)

@@ -19,6 +19,10 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb1p")
 WEIGHT_SHARE = 0.5      # zero-bubble: the weight-gradient pass's share of a layer's backward where the trace does
                         # not say (one GEMM of two; Workload.weight_share, from analysis.backward, where it does)
 WHATS = ("compute", "send", "recv", "coll", "launch", "wait", "idle", "mark")
+# schedules torch.distributed.pipelining runs on its multi-stage runtime (_PipelineScheduleRuntime), which
+# posts each send and receive as an action of its own (SEND_F, RECV_F, SEND_B, RECV_B) between the compute
+# actions: they pay StageCosts.post_s; 1F1B and GPipe (PipelineScheduleSingle) post theirs inside the loop
+POSTED_SCHEDULES = ("interleaved", "zb1p")
 
 
 @record(frozen=True)
@@ -148,6 +152,8 @@ class StageCosts:
     cp_dkv_s: float = 0.0           # one permute of the rank's dK, dV shard (an all-to-all on the CP group)
     cp_dkv_bytes: int = 0
     action_s: float = 0.0           # the pipelining runtime's host time before each action but a step's first (after its receive)
+    post_s: float = 0.0             # a transfer's post as an action of its own (POSTED_SCHEDULES): host time after
+                                    # each receive and before each send
 
 
 @record(frozen=True)
@@ -185,6 +191,12 @@ class ProgramWriter:
         if self.runtime > 0:
             self.main.append(Instr("idle", "pp runtime", self.runtime))
             self.runtime = 0.0
+
+    def _post(self) -> None:
+        """A transfer's post, an action of its own in torch's multi-stage runtime (StageCosts.post_s): host
+        time that no wait hides (the runtime posts a receive actions ahead of the compute it feeds)."""
+        if self.c.post_s > 0:
+            self.main.append(Instr("idle", "pp post", self.c.post_s))
 
     def _key(self, *what) -> tuple:
         """An event key of this rank: launches and waits never pair across ranks."""
@@ -266,6 +278,7 @@ class ProgramWriter:
         p, per_chunk = self.p, self.c.layers // self.c.chunks
         if (src := self._virtual(chunk, -1)) is not None:
             self.main.append(self._p2p("recv", "act", mb, src[0], p.rank, chunk))
+            self._post()
         self._runtime()
         for j in range(per_chunk):
             if self.c.zero >= 3:
@@ -274,6 +287,7 @@ class ProgramWriter:
             self._half("fwd_attn", self.c.fwd_half_s)
             self._half("fwd_mlp", self.c.fwd_half_s)
         if (dst := self._virtual(chunk, +1)) is not None:
+            self._post()
             self.main.append(self._p2p("send", "act", mb, p.rank, dst[0], dst[1]))
 
     def backward(self, mb: int, last: bool, chunk: int = 0, split: bool = False) -> None:
@@ -283,6 +297,7 @@ class ProgramWriter:
         per_chunk = c.layers // c.chunks
         if (src := self._virtual(chunk, +1)) is not None:
             self.main.append(self._p2p("recv", "grad", mb, src[0], p.rank, chunk))
+            self._post()
         self._runtime()
         half = c.bwd_half_s * (1 - c.weight_share) if split else c.bwd_half_s
         for j, layer in enumerate(self._backward_layers(chunk)):
@@ -298,6 +313,7 @@ class ProgramWriter:
             if not split:
                 self._gradients_ready(layer, last)
         if (dst := self._virtual(chunk, -1)) is not None:
+            self._post()
             self.main.append(self._p2p("send", "grad", mb, p.rank, dst[0], dst[1]))
 
     def weight(self, mb: int, last: bool, chunk: int = 0) -> None:

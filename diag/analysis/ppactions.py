@@ -77,6 +77,9 @@ class PPTrace:
     act_start_ns: np.ndarray = field(default_factory=lambda: _ints(np.int64))
     act_end_ns: np.ndarray = field(default_factory=lambda: _ints(np.int64))
     p2p: P2PWaits = field(default_factory=P2PWaits)
+    # each transfer's post on the main thread (_posts): its ProfilerStep number and host span, ns
+    post_step: np.ndarray = field(default_factory=lambda: _ints(np.int64))
+    post_ns: np.ndarray = field(default_factory=lambda: _ints(np.int64))
 
     def step_order(self, step: int) -> list[str]:
         """One step's compute actions as torch names them: '2F0' (stage 2, forward, micro-batch 0),
@@ -127,6 +130,21 @@ def _annotated(t, steps_of) -> Optional[tuple]:
     gpipe = all(_GPIPE_RE.match(n) for n in names.values())
     overlapped = int(np.isin(t.name_id[rows], [i for i, n in names.items() if n.endswith("OVERLAP_F_B")]).sum())
     return "gpipe" if gpipe else "pp", overlapped, _columns(acts)
+
+
+def _posts(t, steps_of, main: int) -> tuple[np.ndarray, np.ndarray]:
+    """(step, host span ns) of each transfer's post on the rank's main thread in the window's steps: the
+    innermost point-to-point op (c10d::send, c10d::recv_: the call that hands the transfer to the backend;
+    an op around another one, as a Python dispatch mode's re-dispatch of it, is left out), its host span
+    the thread's time to post it, not the transfer (which the backend runs) nor the wait for it."""
+    rows = np.flatnonzero(t.name_mask(lambda s: s in P2P_OPS) & (t.kind == Kind.CPU_OP) & (t.thread == main))
+    rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
+    inner = np.ones(rows.size, bool)
+    inner[:-1] = t.ts_ns[rows[1:]] >= t.end_ns[rows[:-1]]      # the next op starts inside: this one wraps it
+    rows = rows[inner]
+    step = steps_of(t.ts_ns[rows])
+    keep = step >= 0
+    return step[keep].astype(np.int64), (t.end_ns[rows[keep]] - t.ts_ns[rows[keep]]).astype(np.int64)
 
 
 _DTYPES = (np.int64, np.int32, np.int8, np.int32, np.int64, np.int64)
@@ -199,19 +217,21 @@ def read_rank(rt: RankTrace, w: Window, timeline: str, rc: RankComms) -> PPTrace
                                          & t.mask(Kind.CPU_OP, Kind.ANNOTATION)))
     source, overlapped, (step, stage, kind, mb, start, end) = \
         _annotated(t, steps_of) or _from_compute(t, steps_of, main)
+    post_step, post_ns = _posts(t, steps_of, main)
     if step.size == 0:
         source = ""
     if timeline == "gpu":
         start, end = kernel_spans(t, w.rows[t.kind[w.rows] == Kind.COMPUTE], start, end)
     waits = gpu_waits(rc) if timeline == "gpu" else host_waits(rt, w, in_window, main)
     return PPTrace(source=source, overlapped=overlapped, act_step=step, act_stage=stage, act_kind=kind,
-                   act_mb=mb, act_start_ns=start, act_end_ns=end, p2p=waits)
+                   act_mb=mb, act_start_ns=start, act_end_ns=end, p2p=waits, post_step=post_step, post_ns=post_ns)
 
 
 def action_gaps(pp: PPTrace, busy: iv.Intervals) -> Optional[ActionGaps]:
     """The idle between consecutive actions of each step (results.ActionGaps): from the latest end of
     the step's actions so far to the next one's start, less what `busy` (the rank's timeline: every op
-    or kernel) covers there. Actions of unknown span are left out; None where no step has two actions."""
+    or kernel) covers there. Actions of unknown span are left out; None where no step has two actions.
+    The transfers posted in those steps are counted, with their median host span."""
     known = (pp.act_start_ns >= 0) & (pp.act_end_ns >= 0)
     lo, hi = [], []
     for s in distinct(pp.act_step[known]).tolist():
@@ -225,5 +245,7 @@ def action_gaps(pp: PPTrace, busy: iv.Intervals) -> Optional[ActionGaps]:
         return None
     hi = np.maximum(hi, lo)
     idle = (hi - lo) - iv.lengths_in_windows(busy, lo, hi)
+    posts = pp.post_ns[np.isin(pp.post_step, pp.act_step[known])]      # in the steps whose gaps are read
     return ActionGaps(idle_s=float(np.clip(idle, 0, None).sum()) * 1e-9, gaps=int(lo.size),
-                      actions=int(known.sum()))
+                      actions=int(known.sum()), posts=int(posts.size),
+                      post_median_s=float(np.median(posts)) * 1e-9 if posts.size else None)

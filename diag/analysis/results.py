@@ -14,7 +14,7 @@ from ..runmeta import RunFacts
 from ..trace.columns import median
 from ..record import record
 
-SCHEMA_VERSION = "1.17"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak; 1.15: HostOps' FSDP2 dispatch modes; FSDP2's waits for gloo's worker threads neither its own time nor compute; 1.16: facts.host_cpus, ranks_per_host, threads_per_rank; 1.17: RankResult.action_gaps
+SCHEMA_VERSION = "1.18"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak; 1.15: HostOps' FSDP2 dispatch modes; FSDP2's waits for gloo's worker threads neither its own time nor compute; 1.16: facts.host_cpus, ranks_per_host, threads_per_rank; 1.17: RankResult.action_gaps; 1.18: ActionGaps.posts, post_median_s (the transfers' posts)
 
 
 @record
@@ -103,15 +103,19 @@ class ActionGaps:
     """The idle between a rank's consecutive pipeline actions inside its steps (ppactions.action_gaps):
     the pipelining runtime's own host time per action where nothing else runs (its Python between one
     forward or backward and the next, on a GPU the device left waiting for it). Waits and posts that
-    the trace records as communication are not idle and are not in it."""
+    the trace records as communication are not idle and are not in it; the transfers' posts, the thread's
+    host time to hand each send or receive to the backend, are counted apart (posts, post_median_s)."""
 
     idle_s: float                     # over the window's steps
     gaps: int                         # consecutive pairs of actions inside a step
     actions: int                      # actions in the window's steps
+    posts: int = 0                    # transfers posted on the main thread in the window's steps
+    post_median_s: Optional[float] = None   # the median host span of a post (ppactions._posts)
 
     @property
     def per_gap_s(self) -> Optional[float]:
         return self.idle_s / self.gaps if self.gaps else None
+
 
 
 @record

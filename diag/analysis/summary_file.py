@@ -29,7 +29,7 @@ from ..record import record
 
 SUFFIX = SUMMARY_SUFFIX     # one place: trace.discover, which tells summaries from traces
 FORMAT = "diag-rank-summary"
-VERSION = 16         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
+VERSION = 17         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
                      # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops;
                      # 6: the trace's fingerprint over all its bytes (was its first and last MiB);
                      # 7: an op's axis from its own process group's description (same-member groups)
@@ -41,6 +41,7 @@ VERSION = 16         # 2: axes of layout.AXES, process groups; 3: gloo lanes, wa
                      # 14: the trace header's host_name (a pipeline transfer timed on one host's clock)
                      # 15: RankResult.action_gaps (the idle between consecutive pipeline actions)
                      # 16: RankSummary.start_epoch_ns (the host's clock to the ns: baseTimeNanoseconds kept whole)
+                     # 17: PPTrace.post_step, post_ns (each transfer's post on the main thread)
 _PIECE = 1 << 20                      # bytes hashed at a time
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30
