@@ -138,7 +138,7 @@ def _posts(t, steps_of, main: int) -> tuple[np.ndarray, np.ndarray]:
     an op around another one, as a Python dispatch mode's re-dispatch of it, is left out), its host span
     the thread's time to post it, not the transfer (which the backend runs) nor the wait for it."""
     rows = np.flatnonzero(t.name_mask(lambda s: s in P2P_OPS) & (t.kind == Kind.CPU_OP) & (t.thread == main))
-    rows = rows[np.argsort(t.ts_ns[rows], kind="stable")]
+    rows = rows[np.lexsort((-t.end_ns[rows], t.ts_ns[rows]))]       # by start; of two starting together, the outer first
     inner = np.ones(rows.size, bool)
     inner[:-1] = t.ts_ns[rows[1:]] >= t.end_ns[rows[:-1]]      # the next op starts inside: this one wraps it
     rows = rows[inner]
