@@ -157,6 +157,32 @@ def test_calibration_carries_the_measured_share_into_the_zero_bubble_lever():
         in recs["zero_bubble"].assumptions
 
 
+def test_a_zero_bubble_run_is_read_less_its_split_backward(tmp_path):
+    """A ZB1P job (PP 2, m = 4, 2 layers a stage, forward 1 ms) whose second stage runs torch's split backward
+    14% dearer, as the model prices it (calibrate.SPLIT_BACKWARD_EXTRA), synthesised and read as a host
+    timeline, where that extra is priced. Calibrated on it, stage 1's compute is read less the extra: the
+    stages balanced (slowdowns 1 and 1, not 0.955 and 1.045: 3 units against 3 + 2 x 0.14), the forward
+    1 ms, and the model's step the measured one, where it paid the extra twice before. A 1F1B job's stages
+    are read as they are."""
+    from diag.advise import simulate
+    from diag.advise.calibrate import SPLIT_BACKWARD_EXTRA, calibrate
+    from diag.advise.synth import write_job
+    from diag.analysis import diagnose
+    for schedule, extra in (("zb1p", SPLIT_BACKWARD_EXTRA), ("1f1b", 0.0)):
+        w = Workload(num_layers=4, fwd_s_per_layer=1 * MS, split_backward_extra=extra)
+        c = Config(pp=2, num_micro_batches=4, schedule=schedule)
+        out = tmp_path / schedule
+        write_job(simulate(w, c, Links(), steps=4), str(out), c, w)
+        d = diagnose(load_job(str(out)))
+        for r in d.ranks:
+            r.timeline = "host"
+        cal = calibrate(d)
+        assert (cal.config.schedule, cal.workload.split_backward_extra) == (schedule, SPLIT_BACKWARD_EXTRA)
+        assert [cal.stage_slowdown[s] for s in (0, 1)] == pytest.approx([1.0, 1.0], rel=1e-9)
+        assert cal.workload.fwd_s_per_layer == pytest.approx(1 * MS, rel=1e-9)
+        assert cal.model_step_s == pytest.approx(cal.measured_step_s, rel=1e-9)
+
+
 def test_a_job_without_autograd_nodes_assumes_half(tmp_path):
     from diag.advise.calibrate import calibrate
     from diag.advise import simulate

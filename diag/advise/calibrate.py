@@ -714,9 +714,19 @@ def calibrate(d: Diagnosis) -> Calibration:
         notes.append("the optimizer not held apart: with the fixed cost it exceeds the measured compute of a stage")
         opt = [0.0] * pp
 
+    sched = _schedule(meta, d, notes)
+    rec = float(recompute == "full")
+    # a zero-bubble run's stages past the first ran torch's split backward, dearer than the fused one the
+    # model's units count: their compute is read less it (the model adds it back), not as a slower stage
+    split = SPLIT_BACKWARD_EXTRA if sched["schedule"] == "zb1p" and d.host_timeline else 0.0
+    units = [1.0] + [(1 + BWD_RATIO * (1 + split) + rec) / (1 + BWD_RATIO + rec)] * (pp - 1)
+    if split and pp > 1:
+        notes.append(f"a zero-bubble run: the compute of its stages past the first read less torch's split backward's "
+                     f"{split:.0%} extra on their backward (the model adds it back), not as slower stages")
+
     def scaling(compute: list) -> tuple[float, dict]:
         """(forward s per layer per micro-batch at TP 1, stage slowdowns) from the stages' compute."""
-        scaled = [c - fixed - o for c, o in zip(compute, opt)]   # per stage: what scales with the micro-batch
+        scaled = [(c - fixed - o) / u for c, o, u in zip(compute, opt, units)]   # per stage: what scales with the micro-batch
         mean_c = float(np.mean(scaled))
         return (mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full"))),
                 {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {})
@@ -745,7 +755,7 @@ def calibrate(d: Diagnosis) -> Calibration:
     notes.append("latency per message 0 (busbw measured at this message size); DP bucket = ddp_bucket_size x 4 B (fp32 gradients)")
     host_timeline = d.host_timeline
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
-               **_schedule(meta, d, notes),
+               **sched,
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
                bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp)
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
