@@ -716,9 +716,10 @@ def calibrate(d: Diagnosis) -> Calibration:
 
     sched = _schedule(meta, d, notes)
     rec = float(recompute == "full")
+    extra = SPLIT_BACKWARD_EXTRA if d.host_timeline else 0.0     # the model's price of torch's split backward
     # a zero-bubble run's stages past the first ran torch's split backward, dearer than the fused one the
     # model's units count: their compute is read less it (the model adds it back), not as a slower stage
-    split = SPLIT_BACKWARD_EXTRA if sched["schedule"] == "zb1p" and d.host_timeline else 0.0
+    split = extra if sched["schedule"] == "zb1p" else 0.0
     units = [1.0] + [(1 + BWD_RATIO * (1 + split) + rec) / (1 + BWD_RATIO + rec)] * (pp - 1)
     if split and pp > 1:
         notes.append(f"a zero-bubble run: the compute of its stages past the first read less torch's split backward's "
@@ -728,7 +729,7 @@ def calibrate(d: Diagnosis) -> Calibration:
         """(forward s per layer per micro-batch at TP 1, stage slowdowns) from the stages' compute."""
         scaled = [(c - fixed - o) / u for c, o, u in zip(compute, opt, units)]   # per stage: what scales with the micro-batch
         mean_c = float(np.mean(scaled))
-        return (mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + (recompute == "full"))),
+        return (mean_c * tp * cp / (mb_layers * (1 + BWD_RATIO + rec)),
                 {s: c / mean_c for s, c in enumerate(scaled)} if pp > 1 else {})
 
     fwd, slowdown = scaling(compute)
@@ -766,7 +767,7 @@ def calibrate(d: Diagnosis) -> Calibration:
                  host_fixed_s_per_layer=host, dtensor_s_per_layer=dtensor, fsdp_s_per_layer=fsdp,
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
                  weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)),
-                 split_backward_extra=SPLIT_BACKWARD_EXTRA if host_timeline else 0.0,
+                 split_backward_extra=extra,
                  split_backward_host_s=SPLIT_BACKWARD_HOST_S if waits_on_host(d) else 0.0)
     if w.shared_cores and c.grad_ranks > 1:
         notes.append(f"{host_words(meta)} (the run's facts): gloo's threads run the collectives on the compute's "
