@@ -86,6 +86,25 @@ def test_the_posts_counted_apart(tmp_path):
     assert g.post_median_s == pytest.approx(10e-6, abs=1e-12)
 
 
+def test_a_transfer_in_flight_does_not_cover_the_gap_but_its_wait_does(tmp_path):
+    """Step 1: PP:0F0 10-100; PP:0SEND_F0 posts c10d::send 100-110, whose gloo:send runs 105-400 (in flight
+    until the step's end); PP:0F1 130-200: 20 us idle (110-130), where the in-flight send covered all of it.
+    PP:1RECV_B0 posts c10d::recv_ 200-205, its gloo:recv 203-240; PP:0B0 250-300 waits for nothing more:
+    the thread idles 205-240 until the data is there (its wait: the neighbour's time, not the runtime's)
+    and 240-250 (10). 30 us over 2 gaps; 0 before, the gloo:send covering both."""
+    b = TraceBuilder(rank=0, world_size=2, backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
+    for name, lo, hi in (("PP:0F0", 10, 100), ("PP:0SEND_F0", 100, 112), ("PP:0F1", 130, 200),
+                         ("PP:1RECV_B0", 200, 206), ("PP:0B0", 250, 300)):
+        b.cpu_op(name, lo, hi - lo, cat="user_annotation")
+    for lo, hi in ((10, 100), (130, 200), (250, 300)):
+        b.cpu_op("aten::mm", lo + 1, hi - lo - 2)
+    b.cpu_op("c10d::send", 100, 10).cpu_op("gloo:send", 105, 295, cat="user_annotation")
+    b.cpu_op("c10d::recv_", 200, 5).cpu_op("gloo:recv", 203, 37, cat="user_annotation")
+    g = summarize(load_rank(b.write(str(tmp_path / "rank0.json")))).result.action_gaps
+    assert (g.gaps, g.actions, g.posts) == (2, 3, 2)
+    assert g.idle_s == pytest.approx(30e-6, abs=1e-12)
+
+
 def test_no_gaps_without_two_actions_in_a_step(tmp_path):
     b = TraceBuilder(rank=0, world_size=2, backend="gloo").step(1, 0, 1000).step(2, 1000, 1000)
     b.cpu_op("PP:0F0", 10, 90, cat="user_annotation")
@@ -105,21 +124,68 @@ def _merged(pairs: list) -> list:
     return out
 
 
+TRANSFERS = ("gloo:send", "gloo:recv")          # a transfer gloo runs, from its post until its wait returns
+P2P = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
+COMM = ("gloo:", "c10d::", "_c10d_functional", "c10d_functional", "nccl:", "diag:comm:", "record_param_comms")
+
+
+def _covered(busy: list, lo: int, hi: int) -> int:
+    return sum(max(0, min(hi, z) - max(lo, a)) for a, z in busy)
+
+
+def _waits(ev: list, off: int, main, steps: list) -> list:
+    """The thread's waits for its transfers, from the raw JSON: each point-to-point op or gloo span in the
+    steps that ends while the thread runs no op (but such ops), from where that idle began (not before
+    the span's own start) to its end."""
+    def ns(x):
+        return round(x * 1000) - off
+    busy = _merged([(ns(e["ts"]), ns(e["ts"] + e["dur"])) for e in ev
+                    if e.get("cat") == "cpu_op" and e["tid"] == main and e["name"] not in P2P])
+    idle = []
+    for lo, hi in _merged(steps):
+        at = lo
+        for a, z in busy:
+            if z <= at or a >= hi:
+                continue
+            if a > at:
+                idle.append((at, a))
+            at = max(at, z)
+        if at < hi:
+            idle.append((at, hi))
+    out = []
+    for e in ev:
+        if e["name"] in P2P + TRANSFERS:
+            lo, end = ns(e["ts"]), ns(e["ts"] + e["dur"])
+            for a, z in idle:
+                if a <= end <= z and end > max(a, lo) and any(s <= end and lo < t for s, t in steps):
+                    out.append((max(a, lo), end))
+    return out
+
+
 def raw_truth(path: str, pp) -> tuple[float, int]:
-    """(idle s, gaps) between the actions `pp` holds, from the raw JSON: on a host timeline every
-    host op and annotation but ProfilerStep covers time, on a GPU every kernel, copy and set."""
-    with gzip.open(path, "rt") as f:
+    """(idle s, gaps) between the actions `pp` holds, from the raw JSON: on a GPU every kernel, copy and
+    set covers time; on a host timeline every host op and communication span but the transfers in flight
+    (gloo:send, gloo:recv: the runtime's Python runs beside them), and the thread's waits for those."""
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     gpu = any(e.get("cat") == "kernel" for e in ev)
-    cats = ("kernel", "gpu_memcpy", "gpu_memset") if gpu else ("cpu_op", "user_annotation")
     rt = load_rank(path)
     t = rt.events
     first = int(np.flatnonzero(t.name_mask(lambda s: s.startswith("ProfilerStep")))[0])
     name = t.symbols[int(t.name_id[first])]
     (st,) = [e for e in ev if e["name"] == name and e.get("cat") == "user_annotation"]
     off = round(st["ts"] * 1000) - int(t.ts_ns[first])      # diag's clock: the trace's, in ns, from an origin
-    busy = _merged([(round(e["ts"] * 1000) - off, round((e["ts"] + e["dur"]) * 1000) - off) for e in ev
-                    if e.get("cat") in cats and not e["name"].startswith("ProfilerStep")])
+
+    def span(e):
+        return round(e["ts"] * 1000) - off, round((e["ts"] + e["dur"]) * 1000) - off
+    if gpu:
+        busy = _merged([span(e) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")])
+    else:
+        marks = {int(e["name"][13:]): span(e) for e in ev
+                 if e["name"].startswith("ProfilerStep#") and e.get("cat") == "user_annotation"}
+        busy = _merged([span(e) for e in ev if e.get("cat") == "cpu_op" or (
+            e.get("cat") == "user_annotation" and e["name"].startswith(COMM) and e["name"] not in TRANSFERS)]
+            + _waits(ev, off, st["tid"], [marks[s] for s in sorted(set(pp.act_step.tolist()))]))
     idle, gaps = 0, 0
     for step in sorted(set(pp.act_step.tolist())):
         sel = pp.act_step == step
@@ -128,7 +194,7 @@ def raw_truth(path: str, pp) -> tuple[float, int]:
         for a, z in acts[1:]:
             gaps += 1
             if a > reached:
-                idle += (a - reached) - sum(max(0, min(a, hi) - max(reached, lo)) for lo, hi in busy)
+                idle += (a - reached) - _covered(busy, reached, a)
             reached = max(reached, z)
     return idle * 1e-9, gaps
 
@@ -145,9 +211,6 @@ def test_real_traces_against_the_raw_json(trace):
     assert g is not None and g.gaps == gaps and gaps > 0
     assert g.idle_s == pytest.approx(idle, abs=gaps * 2e-9)    # a ns of rounding at each end of a gap
     assert 0 < g.idle_s < s.result.breakdown.idle_s
-
-
-P2P = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 
 
 def raw_posts(path: str, steps: set) -> list[float]:
@@ -185,11 +248,17 @@ def test_posts_of_real_runs_against_the_raw_json(trace, least):
 def test_posts_of_a_torchtitan_style_cpu_run_against_the_raw_json(native3d_run):
     """A job not ours (tests/workloads/torch_native_3d.py, TP 2 x PP 2 x DP 2 over gloo, interleaved 1F1B,
     one layer a stage, m = 4, micro-batches of 3 x 32 tokens: its defaults): every rank's 24 posts a step
-    and their median host span as the raw JSON has them. Calibrated on it (no diag_run.json: the shape
+    and their median host span as the raw JSON has them, and its gaps between actions. Calibrated on it (no diag_run.json: the shape
     given, the schedule and v read from the trace), the model pays each post the mean of the ranks' medians."""
     top = os.path.join(native3d_run("interleaved-1f1b"), "profile_traces")
     run = os.path.join(top, sorted(os.listdir(top), key=lambda x: int(x.split("_")[-1]))[-1])
     medians = [_posts_against_the_raw_json(os.path.join(run, name), 24) for name in sorted(os.listdir(run))]
+    for name in sorted(os.listdir(run)):             # the runtime's gaps, its transfers in flight across them
+        path = os.path.join(run, name)
+        s = summarize(load_rank(path))
+        idle, gaps = raw_truth(path, s.pp)
+        assert s.result.action_gaps.gaps == gaps > 0
+        assert s.result.action_gaps.idle_s == pytest.approx(idle, abs=gaps * 2e-9) and idle > 0
     d = diagnose(load_job(run), pp=2, shape=dict(num_layers=4, micro_batch_size=3, num_micro_batches=4,
                                                  seq_length=32, hidden_size=64))
     cal = calibrate(d)

@@ -26,6 +26,7 @@ import re
 import numpy as np
 
 from ..trace.columns import distinct
+from ..trace.commtable import P2P_OPS
 from ..trace.kinds import Kind
 from ..trace.table import RankTrace
 from .hostlink import enclosing
@@ -36,7 +37,6 @@ FUNCOL_RE = re.compile(r"^_?c10d_functional(_autograd)?::(?!wait_tensor|_wrap)")
 WAIT_RE = re.compile(r"^_?c10d_functional(_autograd)?::wait_tensor$")
 WRAP_RE = re.compile(r"^_?c10d_functional(_autograd)?::_wrap_tensor_autograd$")
 FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.)")
-P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
 REWAIT_NS = 100_000   # a second wait on one tensor this soon after the first is the same blocking
 
 

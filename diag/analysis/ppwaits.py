@@ -26,6 +26,7 @@ from dataclasses import field
 import numpy as np
 
 from ..layout import axis_index
+from ..trace.commtable import P2P_OPS
 from ..trace.kinds import Coll, Kind
 from ..trace.table import RankTrace
 from . import intervals as iv
@@ -35,7 +36,6 @@ from .steps import Window
 from ..record import record
 
 P2P_COLLS = (Coll.SEND, Coll.RECV, Coll.SEND_RECV)
-P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
 P2P_SPANS = frozenset({"gloo:send", "gloo:recv"})
 # What encloses the post of a transfer the pipeline certainly made: torch.distributed.pipelining's
 # `PP:<stage>SEND_F<mb>`-style actions and GPipe's `Forward i` / `Backward i`, the trainer's label.

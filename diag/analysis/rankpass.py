@@ -24,7 +24,7 @@ from .hostops import host_ops
 from .kernels import top_kernels
 from .memuse import RankMemory, compute_device, rank_memory
 from .layoutfind import compact_pg_config
-from .ppactions import PPTrace, action_gaps, read_rank
+from .ppactions import PPTrace, action_gaps, host_gap_busy, read_rank
 from .results import RankResult, StepTime
 from .shapes import attention_kind
 from .steps import stub_last, window_of
@@ -115,7 +115,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
         host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None,
         backward=backward_split(rt, w, timeline, sets.compute),
-        action_gaps=action_gaps(pp, sets.busy()))
+        action_gaps=action_gaps(pp, sets.busy() if timeline == "gpu" else host_gap_busy(t, w.rows, sets.busy(), pp)))
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
                        gantt=gantt_input(rt, w, timeline, sets.compute),

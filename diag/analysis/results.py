@@ -102,9 +102,10 @@ class HostOps:
 class ActionGaps:
     """The idle between a rank's consecutive pipeline actions inside its steps (ppactions.action_gaps):
     the pipelining runtime's own host time per action where nothing else runs (its Python between one
-    forward or backward and the next, on a GPU the device left waiting for it). Waits and posts that
-    the trace records as communication are not idle and are not in it; the transfers' posts, the thread's
-    host time to hand each send or receive to the backend, are counted apart (posts, post_median_s)."""
+    forward or backward and the next, on a GPU the device left waiting for it). The thread's waits for a
+    transfer's data and the communication calls it is inside are not idle; a transfer in flight beside it
+    is no cover (ppactions.host_gap_busy). The transfers' posts, the thread's host time to hand each send
+    or receive to the backend, are counted apart (posts, post_median_s)."""
 
     idle_s: float                     # over the window's steps
     gaps: int                         # consecutive pairs of actions inside a step

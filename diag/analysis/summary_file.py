@@ -29,7 +29,7 @@ from ..record import record
 
 SUFFIX = SUMMARY_SUFFIX     # one place: trace.discover, which tells summaries from traces
 FORMAT = "diag-rank-summary"
-VERSION = 17         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
+VERSION = 18         # 2: axes of layout.AXES, process groups; 3: gloo lanes, waits; 4: digest envelope;
                      # 5: memory; pipeline actions' start and end (the Gantt's labels); host_ops;
                      # 6: the trace's fingerprint over all its bytes (was its first and last MiB);
                      # 7: an op's axis from its own process group's description (same-member groups)
@@ -42,6 +42,7 @@ VERSION = 17         # 2: axes of layout.AXES, process groups; 3: gloo lanes, wa
                      # 15: RankResult.action_gaps (the idle between consecutive pipeline actions)
                      # 16: RankSummary.start_epoch_ns (the host's clock to the ns: baseTimeNanoseconds kept whole)
                      # 17: PPTrace.post_step, post_ns (each transfer's post on the main thread)
+                     # 18: ActionGaps' idle on a host timeline not covered by transfers in flight (ppactions.host_gap_busy)
 _PIECE = 1 << 20                      # bytes hashed at a time
 _DTYPES = {"|b1", "|i1", "<i2", "<i4", "<i8", "<f8"}
 MAX_SUMMARY_BYTES = 1 << 30

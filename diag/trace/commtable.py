@@ -86,14 +86,16 @@ def _fill_unknown(col: np.ndarray, values: list) -> None:
     col[col < 0] = known[col < 0]
 
 
-# c10d's point-to-point ops take (tensors, process group, peer, tag): the peer is the third of
-# their `Concrete Inputs`, a rank within the op's group (torch.distributed converts global ranks).
-_P2P_OPS = {"c10d::send", "c10d::recv_"}
+# c10d's point-to-point ops, each the call that posts one transfer to the backend. They take (tensors,
+# process group, peer, tag): the peer is the third of their `Concrete Inputs`, a rank within the op's
+# group (torch.distributed converts global ranks); recv_any_source_ names none.
+P2P_OPS = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
+_PEERED = P2P_OPS - {"c10d::recv_any_source_"}
 
 
 def _peer(name: str, a) -> int:
     """The group-local peer of a c10d send/recv, -1 when the trace does not say."""
-    if name not in _P2P_OPS or a is None or not isinstance(a.concrete, list) or len(a.concrete) < 3:
+    if name not in _PEERED or a is None or not isinstance(a.concrete, list) or len(a.concrete) < 3:
         return -1
     peer = a.concrete[2]
     return int(peer) if isinstance(peer, str) and peer.isdigit() and len(peer) < 9 else -1
