@@ -100,9 +100,12 @@ def test_a_transfer_in_flight_does_not_cover_the_gap_but_its_wait_does(tmp_path)
         b.cpu_op("aten::mm", lo + 1, hi - lo - 2)
     b.cpu_op("c10d::send", 100, 10).cpu_op("gloo:send", 105, 295, cat="user_annotation")
     b.cpu_op("c10d::recv_", 200, 5).cpu_op("gloo:recv", 203, 37, cat="user_annotation")
-    g = summarize(load_rank(b.write(str(tmp_path / "rank0.json")))).result.action_gaps
+    s = summarize(load_rank(b.write(str(tmp_path / "rank0.json"))))
+    g = s.result.action_gaps
     assert (g.gaps, g.actions, g.posts) == (2, 3, 2)
     assert g.idle_s == pytest.approx(30e-6, abs=1e-12)
+    # the breakdown counts the send in flight as communication: all 30 us of it, none of its idle
+    assert g.in_flight_s == pytest.approx(30e-6, abs=1e-12)
 
 
 def test_no_gaps_without_two_actions_in_a_step(tmp_path):
@@ -162,10 +165,11 @@ def _waits(ev: list, off: int, main, steps: list) -> list:
     return out
 
 
-def raw_truth(path: str, pp) -> tuple[float, int]:
+def raw_truth(path: str, pp, transfers_cover: bool = False) -> tuple[float, int]:
     """(idle s, gaps) between the actions `pp` holds, from the raw JSON: on a GPU every kernel, copy and
     set covers time; on a host timeline every host op and communication span but the transfers in flight
-    (gloo:send, gloo:recv: the runtime's Python runs beside them), and the thread's waits for those."""
+    (gloo:send, gloo:recv: the runtime's Python runs beside them), and the thread's waits for those.
+    transfers_cover: those in flight too, as the breakdown counts them (communication, not idle)."""
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     gpu = any(e.get("cat") == "kernel" for e in ev)
@@ -184,7 +188,8 @@ def raw_truth(path: str, pp) -> tuple[float, int]:
         marks = {int(e["name"][13:]): span(e) for e in ev
                  if e["name"].startswith("ProfilerStep#") and e.get("cat") == "user_annotation"}
         busy = _merged([span(e) for e in ev if e.get("cat") == "cpu_op" or (
-            e.get("cat") == "user_annotation" and e["name"].startswith(COMM) and e["name"] not in TRANSFERS)]
+            e.get("cat") == "user_annotation" and e["name"].startswith(COMM)
+            and (transfers_cover or e["name"] not in TRANSFERS))]
             + _waits(ev, off, st["tid"], [marks[s] for s in sorted(set(pp.act_step.tolist()))]))
     idle, gaps = 0, 0
     for step in sorted(set(pp.act_step.tolist())):
@@ -210,7 +215,9 @@ def test_real_traces_against_the_raw_json(trace):
     idle, gaps = raw_truth(path, s.pp)
     assert g is not None and g.gaps == gaps and gaps > 0
     assert g.idle_s == pytest.approx(idle, abs=gaps * 2e-9)    # a ns of rounding at each end of a gap
-    assert 0 < g.idle_s < s.result.breakdown.idle_s
+    shown, _ = raw_truth(path, s.pp, transfers_cover=True)     # what the breakdown's idle holds of it
+    assert g.idle_s - g.in_flight_s == pytest.approx(shown, abs=gaps * 4e-9)
+    assert 0 < g.idle_s - g.in_flight_s < s.result.breakdown.idle_s
 
 
 def raw_posts(path: str, steps: set) -> list[float]:
@@ -382,6 +389,28 @@ def test_a_post_priced_as_the_trace_times_it_and_not_on_a_gpu():
     d = diagnose(load_job(os.path.join(SAMPLES, "h200_pp2_memory/variants/interleaved")))
     assert d.ranks[0].action_gaps.posts == 24
     assert calibrate(d).workload.post_host_s == 0.0
+
+
+def test_a_transfer_in_flight_is_paid_as_runtime_but_not_taken_out_of_the_idle(tmp_path):
+    """As above, but 1.0 ms of stage 0's gaps a step and 0.4 of stage 1's lay beside a transfer in flight,
+    which the breakdown counts as communication, not idle: the runtime stays 0.25 ms a gap, and only the
+    rest comes out of the idle, (10 - 1.1 + 6 - 1.0) / 2 / 32 ms of launch overhead. With 12 ms of gaps
+    a step on stage 0, 11 of them in flight (more than its 10 ms of idle), still priced: 12 / 7 ms a gap
+    there."""
+    d = _job(tmp_path)
+    _given(d, [10, 6], [2.1, 1.4], 7)
+    for r, f in zip(d.ranks, (1.0, 0.4)):
+        r.action_gaps = replace(r.action_gaps, in_flight_s=f * MS * r.window_steps)
+    cal = calibrate(d)
+    assert cal.workload.action_host_s == pytest.approx(0.25 * MS, rel=1e-9)
+    assert cal.workload.launch_overhead_s == pytest.approx((8.9 + 5.0) / 2 / 32 * MS, rel=1e-9)
+    assert any("(1.75 ms a step over ~7 gaps, mean over ranks; 0.7 ms of it beside a transfer in flight" in a
+               for a in cal.assumptions)
+    r = d.ranks[0]
+    r.action_gaps = replace(r.action_gaps, idle_s=12 * MS * r.window_steps, in_flight_s=11 * MS * r.window_steps)
+    cal = calibrate(d)
+    assert cal.workload.action_host_s == pytest.approx((12 / 7 + 0.2) / 2 * MS, rel=1e-9)
+    assert cal.workload.launch_overhead_s == pytest.approx((9 + 5.0) / 2 / 32 * MS, rel=1e-9)
 
 
 def test_no_runtime_without_a_pipeline(tmp_path):

@@ -311,17 +311,22 @@ def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float,
     gaps = [r.action_gaps for r in d.ranks]
     if pp < 2 or not all(g is not None and g.gaps for g in gaps):
         return 0.0, idle, 0.0
-    per_step = _per_stage(d, pp, lambda r: r.action_gaps.idle_s / max(r.window_steps, 1))
-    if any(g > i for g, i in zip(per_step, idle)):       # cannot be: the gaps' idle is a part of the idle
+    # what the breakdown's idle holds of the gaps (a transfer in flight it counts as communication, not idle)
+    per_step = _per_stage(d, pp, lambda r: (r.action_gaps.idle_s - r.action_gaps.in_flight_s) / max(r.window_steps, 1))
+    if any(g > i * (1 + 1e-9) for g, i in zip(per_step, idle)):    # cannot be: a part of the idle
         return 0.0, idle, 0.0
     per_gap = float(np.mean([g.per_gap_s for g in gaps]))
     n = round(float(np.mean([g.gaps for g in gaps])) / _steps(d))
+    whole = float(np.mean([r.action_gaps.idle_s / max(r.window_steps, 1) for r in d.ranks]))
+    flying = whole - float(np.mean([(r.action_gaps.idle_s - r.action_gaps.in_flight_s) / max(r.window_steps, 1)
+                                    for r in d.ranks]))
     notes.append(f"pipelining runtime's host time {per_gap * 1e3:.3g} ms between two actions of a stage, from the idle "
-                 f"between consecutive forwards and backwards ({float(np.mean(per_step)) * 1e3:.3g} ms a step over "
-                 f"~{n} gaps, mean over ranks): paid before each action but a step's first, so more often with more "
-                 "actions a step (interleaving, zero bubble, micro-batches); taken out of the idle the launch "
-                 "overhead is read from")
-    return per_gap, [i - g for i, g in zip(idle, per_step)], _post_host(d, gaps, notes)
+                 f"between consecutive forwards and backwards ({whole * 1e3:.3g} ms a step over ~{n} gaps, mean over "
+                 "ranks" + (f"; {flying * 1e3:.3g} ms of it beside a transfer in flight, which the breakdown counts as "
+                            "communication" if flying > 1e-6 else "") + "): paid before each action but a step's "
+                 "first, so more often with more actions a step (interleaving, zero bubble, micro-batches); taken out "
+                 "of the idle the launch overhead is read from")
+    return per_gap, [max(i - g, 0.0) for i, g in zip(idle, per_step)], _post_host(d, gaps, notes)
 
 
 def _post_host(d: Diagnosis, gaps: list, notes: list) -> float:

@@ -245,12 +245,13 @@ def host_gap_busy(t, rows: np.ndarray, busy: iv.Intervals, pp: PPTrace) -> iv.In
     return iv.union(iv.intersect(busy, kept), iv.merge(pp.p2p.wait_lo, pp.p2p.wait_hi))
 
 
-def action_gaps(pp: PPTrace, busy: iv.Intervals) -> Optional[ActionGaps]:
+def action_gaps(pp: PPTrace, busy: iv.Intervals, timeline: Optional[iv.Intervals] = None) -> Optional[ActionGaps]:
     """The idle between consecutive actions of each step (results.ActionGaps): from the latest end of
     the step's actions so far to the next one's start, less what `busy` covers there (on a GPU every
-    kernel, copy and set; on a host timeline host_gap_busy). Actions of unknown span are left out; None
-    where no step has two actions. The transfers posted in those steps are counted, with their median
-    host span."""
+    kernel, copy and set; on a host timeline host_gap_busy). `timeline`: the breakdown's busy set (every op
+    and communication span), where it covers more than `busy` (a transfer in flight): the idle it leaves
+    out is counted apart (in_flight_s). Actions of unknown span are left out; None where no step has two
+    actions. The transfers posted in those steps are counted, with their median host span."""
     known = (pp.act_start_ns >= 0) & (pp.act_end_ns >= 0)
     lo, hi = [], []
     for s in distinct(pp.act_step[known]).tolist():
@@ -263,8 +264,10 @@ def action_gaps(pp: PPTrace, busy: iv.Intervals) -> Optional[ActionGaps]:
     if lo.size == 0:
         return None
     hi = np.maximum(hi, lo)
-    idle = (hi - lo) - iv.lengths_in_windows(busy, lo, hi)
+    idle = float(np.clip((hi - lo) - iv.lengths_in_windows(busy, lo, hi), 0, None).sum())
+    shown = idle if timeline is None else float(np.clip((hi - lo) - iv.lengths_in_windows(timeline, lo, hi),
+                                                        0, None).sum())
     posts = pp.post_ns[np.isin(pp.post_step, pp.act_step[known])]      # in the steps whose gaps are read
-    return ActionGaps(idle_s=float(np.clip(idle, 0, None).sum()) * 1e-9, gaps=int(lo.size),
+    return ActionGaps(idle_s=idle * 1e-9, in_flight_s=max(idle - shown, 0.0) * 1e-9, gaps=int(lo.size),
                       actions=int(known.sum()), posts=int(posts.size),
                       post_median_s=float(np.median(posts)) * 1e-9 if posts.size else None)

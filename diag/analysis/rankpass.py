@@ -115,7 +115,8 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
         host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None,
         backward=backward_split(rt, w, timeline, sets.compute),
-        action_gaps=action_gaps(pp, sets.busy() if timeline == "gpu" else host_gap_busy(t, w.rows, sets.busy(), pp)))
+        action_gaps=action_gaps(pp, sets.busy()) if timeline == "gpu" else
+        action_gaps(pp, host_gap_busy(t, w.rows, sets.busy(), pp), sets.busy()))
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
                        gantt=gantt_input(rt, w, timeline, sets.compute),

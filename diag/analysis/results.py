@@ -14,7 +14,7 @@ from ..runmeta import RunFacts
 from ..trace.columns import median
 from ..record import record
 
-SCHEMA_VERSION = "1.18"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak; 1.15: HostOps' FSDP2 dispatch modes; FSDP2's waits for gloo's worker threads neither its own time nor compute; 1.16: facts.host_cpus, ranks_per_host, threads_per_rank; 1.17: RankResult.action_gaps; 1.18: ActionGaps.posts, post_median_s (the transfers' posts)
+SCHEMA_VERSION = "1.19"     # 1.1: stragglers as sets, typed findings, unmeasured wait is null; 1.2: run and facts typed (diag.runmeta), advice_basis, clock alignment; 1.3: flight_recorder; 1.4: memory, Gantt action labels, host_ops; 1.5: flight_recorder world_size, world_known, undumped, backend; 1.6: flight_recorder p2p, taken, verdict_kind, longest_wait_s, timeout_s; 1.7: host_ops' FSDP2 host time; 1.8: MemoryParts.sharding_buffers; 1.9: Straggler.others_wait_s; 1.10: MemoryParts.dp_buckets; 1.11: HostOps.dispatch_mode_per_step_s; 1.12: HostOps' non-ATen figures are self time added up, not calls x median; 1.13: RankResult.backward (BackwardSplit); 1.14: facts.grads_set_to_none, MemoryParts.grads 0 where none are alive at the peak; 1.15: HostOps' FSDP2 dispatch modes; FSDP2's waits for gloo's worker threads neither its own time nor compute; 1.16: facts.host_cpus, ranks_per_host, threads_per_rank; 1.17: RankResult.action_gaps; 1.18: ActionGaps.posts, post_median_s (the transfers' posts); 1.19: ActionGaps.in_flight_s, and on a host timeline its idle_s not covered by a transfer in flight
 
 
 @record
@@ -112,6 +112,8 @@ class ActionGaps:
     actions: int                      # actions in the window's steps
     posts: int = 0                    # transfers posted on the main thread in the window's steps
     post_median_s: Optional[float] = None   # the median host span of a post (ppactions._posts)
+    in_flight_s: float = 0.0          # of idle_s, what a transfer in flight covered: the breakdown counts it as
+                                      # communication, not idle (a host timeline; 0 on a GPU)
 
     @property
     def per_gap_s(self) -> Optional[float]:
