@@ -131,8 +131,8 @@ def _host_schedule_caveat(ctx: Context) -> Optional[str]:
             "actions of their own; that runtime's other host work per action is not priced (~0.6 against 1F1B's "
             "~0.33 ms a gap, untraced). Where actions take a few ms it can outweigh the bubble removed (measured on CPU, "
             "~2 ms actions, two sessions: interleaved 1F1B -16..+53%, ZB1P -11..+27%); with 20-100 ms "
-            "actions ZB1P measured -13.5% against -13.0% predicted and interleaved 1F1B -8.0% against -11.7% (the "
-            "median over 78 and 91 pairs of runs of thirteen readings, priced at this code): interleaving's gain "
+            "actions ZB1P measured -13.2% against -13.1% predicted and interleaved 1F1B -8.3% against -11.9% (the "
+            "median over 84 and 97 pairs of runs of fourteen readings, priced at this code): interleaving's gain "
             "over-priced there, its runs' operators ~3% slower than their 1F1B pairs' (the compute per layer "
             "calibrated on each), which a 1F1B trace does not show (benchmarks/README.md, "
             "benchmarks/tune_record.py)")
