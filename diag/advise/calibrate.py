@@ -317,9 +317,8 @@ def _action_host(d: Diagnosis, pp: int, idle: list, notes: list) -> tuple[float,
         return 0.0, idle, 0.0
     per_gap = float(np.mean([g.per_gap_s for g in gaps]))
     n = round(float(np.mean([g.gaps for g in gaps])) / _steps(d))
-    whole = float(np.mean([r.action_gaps.idle_s / max(r.window_steps, 1) for r in d.ranks]))
-    flying = whole - float(np.mean([(r.action_gaps.idle_s - r.action_gaps.in_flight_s) / max(r.window_steps, 1)
-                                    for r in d.ranks]))
+    whole, flying = (float(np.mean([getattr(r.action_gaps, k) / max(r.window_steps, 1) for r in d.ranks]))
+                     for k in ("idle_s", "in_flight_s"))      # a step, mean over ranks
     notes.append(f"pipelining runtime's host time {per_gap * 1e3:.3g} ms between two actions of a stage, from the idle "
                  f"between consecutive forwards and backwards ({whole * 1e3:.3g} ms a step over ~{n} gaps, mean over "
                  "ranks" + (f"; {flying * 1e3:.3g} ms of it beside a transfer in flight, which the breakdown counts as "

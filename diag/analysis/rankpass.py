@@ -107,6 +107,7 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
     comms = (gpu_comms if timeline == "gpu" else host_comms)(rt, w, sets.compute)
     comms.rank = rank
     pp = read_rank(rt, w, timeline, comms)
+    busy = sets.busy()
     result = RankResult(
         rank=rank, file=rt.path, device=device_name(rt), timeline=timeline,
         breakdown=breakdown, overlap=overlap, steps=step_list,
@@ -115,8 +116,8 @@ def summarize(rt: RankTrace, top_n: int = 10) -> RankSummary:
         events=len(t), excluded_events=w.excluded_rows, notes=notes,
         host_ops=host_ops(t, w, DTENSOR_RE) if timeline == "host" else None,
         backward=backward_split(rt, w, timeline, sets.compute),
-        action_gaps=action_gaps(pp, sets.busy()) if timeline == "gpu" else
-        action_gaps(pp, host_gap_busy(t, w.rows, sets.busy(), pp), sets.busy()))
+        action_gaps=action_gaps(pp, busy) if timeline == "gpu" else
+        action_gaps(pp, host_gap_busy(t, w.rows, busy, pp), busy))
     return RankSummary(path=rt.path, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                        start_epoch_us=rt.start_epoch_us, top_n=top_n, result=result, comms=comms,
                        gantt=gantt_input(rt, w, timeline, sets.compute),
