@@ -55,6 +55,24 @@ DESC_AXIS: dict[str, str] = {
 }
 
 
+def stage_layer_counts(num_layers: int, stages: int, first: int = 0, last: int = 0) -> list[int]:
+    """Layers of each of `stages` pipeline stages, in stage order, by Megatron-LM's split: the first
+    and last stages may be given their own counts (`--decoder-first-pipeline-num-layers`,
+    `--decoder-last-pipeline-num-layers`; 0: no count of its own), the others share the rest evenly.
+    ValueError when they do not split so (a stage with no layer, or a rest that does not divide)."""
+    counts = [0] * stages
+    if first:
+        counts[0] = first
+    if last and stages > 1:
+        counts[-1] = last
+    fixed = sum(1 for c in counts if c)
+    rest, even = num_layers - sum(counts), stages - fixed
+    if rest < even or (even and rest % even) or (not even and rest):
+        raise ValueError(f"{num_layers} layers do not split into {stages} pipeline stages"
+                         + (" with the given first/last stage layers" if fixed else ""))
+    return [c or rest // max(even, 1) for c in counts]
+
+
 def axis_of_desc(desc: object) -> Optional[str]:
     """The axis a process-group description names, or None."""
     if not isinstance(desc, str):

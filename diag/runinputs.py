@@ -36,6 +36,9 @@ SHAPE_FLAGS = (("global_batch_size", "Sequences per step (for tokens/s, MFU)."),
                ("vocab_size", "Vocabulary size (for model FLOPs)."),
                ("num_micro_batches", "Micro-batches per step (for the ideal bubble)."),
                ("virtual_pipeline_stages", "Model chunks per pipeline rank (interleaved schedules)."),
+               ("decoder_first_pipeline_num_layers", "Layers of the first pipeline stage, where it has its own "
+                                                     "count (Megatron-LM's uneven split; default: an even share)."),
+               ("decoder_last_pipeline_num_layers", "Layers of the last pipeline stage, where it has its own count."),
                ("host_cpus", "CPU cores a host gives its ranks (CPU runs; with --ranks-per-host and "
                              "--threads-per-rank: whether gloo's threads have a core of their own)."),
                ("ranks_per_host", "Ranks on one host (CPU runs)."),

@@ -92,6 +92,9 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     # schedule and levers
     pipeline_schedule: Optional[Name] = None
     virtual_pipeline_stages: Optional[Size] = None
+    # Megatron-LM's uneven split: layers of the first / last pipeline stage (null: an even share)
+    decoder_first_pipeline_num_layers: Optional[Count] = None
+    decoder_last_pipeline_num_layers: Optional[Count] = None
     overlap_grad_reduce: Optional[bool] = None
     ddp_bucket_size: Optional[Count] = None
     gradient_as_bucket_view: Optional[bool] = None            # torch DDP's: False = buckets beside the grads

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from instrumented_trainer.faults import Fault
 
-from diag.layout import Layout, RankGrid
+from diag.layout import Layout, RankGrid, stage_layer_counts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,19 +167,11 @@ class ParallelConfig:
         """The layers of each of the p x v pipeline stages, in stage order (Megatron-LM's split:
         the first and last stages may be given their own counts, the others share the rest)."""
         n = self.grid.pp * self.virtual_stages(num_layers)
-        first, last = self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers
-        counts = [0] * n
-        if first:
-            counts[0] = first
-        if last and n > 1:
-            counts[-1] = last
-        fixed = sum(1 for c in counts if c)
-        rest = num_layers - sum(counts)
-        even = n - fixed
-        if rest < even or (even and rest % even) or (not even and rest):
-            raise ValueError(f"--num-layers {num_layers} does not split into {n} pipeline "
-                             f"stages{' with the given first/last stage layers' if fixed else ''}")
-        counts = [c or rest // max(even, 1) for c in counts]
+        try:
+            counts = stage_layer_counts(num_layers, n, self.decoder_first_pipeline_num_layers,
+                                        self.decoder_last_pipeline_num_layers)
+        except ValueError as e:
+            raise ValueError(f"--num-layers {num_layers}: {e}") from None
         bounds = [sum(counts[:i]) for i in range(n + 1)]
         return [range(bounds[i], bounds[i + 1]) for i in range(n)]
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DATA
 from diag.analysis.layoutfind import compact_pg_config, find_layout, group_key
-from diag.layout import AXES, Layout, RankGrid, axis_of_desc
+from diag.layout import AXES, Layout, RankGrid, axis_of_desc, stage_layer_counts
 
 
 def test_megatron_order_with_every_axis():
@@ -146,3 +146,15 @@ def test_sizes_name_the_axis_of_collectives_that_name_no_group():
     after = open_run(path, RunInputs(sizes={"tp": 4}))
     assert {o.axis for o in after.comm.ops} == {"tp"}
     assert after.layout == "tp4, from --tp (Megatron rank order)" and after.facts.tp == 4
+
+
+def test_stage_layer_counts_split_as_megatron_does():
+    """Megatron-LM's uneven split: the first and last stages their own counts, the rest shared evenly."""
+    assert stage_layer_counts(8, 2) == [4, 4]
+    assert stage_layer_counts(8, 2, first=6, last=2) == [6, 2]
+    assert stage_layer_counts(8, 2, first=6) == [6, 2]              # the last stage takes the rest
+    assert stage_layer_counts(10, 4, first=1, last=3) == [1, 3, 3, 3]
+    assert stage_layer_counts(24, 4, first=3, last=3) == [3, 9, 9, 3]
+    for bad in ((8, 2, 6, 3), (9, 2, 0, 0), (8, 4, 1, 2), (3, 4, 0, 0)):   # too many, uneven rest, no layer
+        with pytest.raises(ValueError, match="do not split into"):
+            stage_layer_counts(*bad)

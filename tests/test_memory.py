@@ -354,3 +354,26 @@ def test_gradients_at_the_peak_by_hand():
     two = replace(freed, pp=2, num_micro_batches=2)
     assert [grads_at_peak(two, st) for st in (0, 1)] == [False, True]
     assert rank_estimate(TRAINER, two, 1).grads > 0 and rank_estimate(TRAINER, two, 0).grads == 0
+
+
+def test_an_uneven_split_by_hand():
+    """Megatron-LM's --decoder-first/last-pipeline-num-layers. GPT (24 layers, 12 h^2 = 50,331,648
+    parameters a layer, V h = 103,022,592), TP 2, PP 2, first stage 10 layers, last 14:
+    stage 0 (10 x 50,331,648 + 103,022,592) / 2 = 303,169,536 parameters, activations 260,046,848 B a
+    layer x 10 x 2 in flight."""
+    lay = replace(TP2PP2, first_stage_layers=10, last_stage_layers=14)
+    e = rank_estimate(GPT, lay, 0)
+    assert e.weights == 303_169_536 * 2 and e.activations == 260_046_848 * 10 * 2
+    assert rank_estimate(GPT, lay, 1).weights == (14 * 50_331_648 + 103_022_592) / 2 * 2
+    # PP 4, 3 layers on each end: the middle stages hold 9 each, and stage 1 (3 in flight of min(8, 4 - 1))
+    # holds the peak: 9 x 260,046,848 x 3 of activations, where stage 0 has 3 x 260,046,848 x 4
+    pp4 = replace(TP2PP2, pp=4, first_stage_layers=3, last_stage_layers=3)
+    assert [rank_estimate(GPT, pp4, st).weights / 2 for st in range(4)] == \
+        [(3 * 50_331_648 + 103_022_592) / 2, 9 * 50_331_648 / 2, 9 * 50_331_648 / 2, (3 * 50_331_648 + 103_022_592) / 2]
+    peak = MemoryModel(GPT).peak(pp4)
+    assert peak.stage == 1 and peak.activations == 9 * 260_046_848 * 3
+    # interleaved, v 2: virtual stages 0..3 hold 1, 2, 2, 3 of 8 layers; rank 0 has virtual stages 0 and 2
+    il = replace(TP2PP2, schedule="interleaved", virtual_stages=2, first_stage_layers=1, last_stage_layers=3)
+    small = replace(GPT, num_layers=8)
+    assert rank_estimate(small, il, 0).weights == (3 * 50_331_648 + 103_022_592) / 2 * 2
+    assert rank_estimate(small, il, 1).weights == (5 * 50_331_648 + 103_022_592) / 2 * 2

@@ -9,6 +9,7 @@ import json
 import os
 from dataclasses import replace
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -19,6 +20,7 @@ from diag.advise.recommend import advise
 from diag.advise.synth import Shape, write_job
 from diag.analysis import diagnose
 from diag.advise.recommend import with_advice
+from diag import runmeta
 from diag.cli import main
 from diag.trace import load_job
 
@@ -133,6 +135,24 @@ def test_the_analyze_command_takes_the_host_facts(tmp_path):
     assert any(n.startswith("not proposed: overlap the DP gradient all-reduce") for n in d["advice_basis"]["calibration"])
 
 
+def test_the_analyze_command_takes_the_uneven_split(tmp_path):
+    """--decoder-first/last-pipeline-num-layers reach the facts and the memory model: the CPU sample's
+    4 layers split 3/1 put a layer more on stage 0 than the even split (its parts against the even's)."""
+    def parts(*flags):
+        out = tmp_path / f"d{len(flags)}.json"
+        r = CliRunner().invoke(main, ["analyze", "sample_traces/pp2_m2", "--format", "json", "-o", str(out), *flags])
+        assert r.exit_code == 0, r.output
+        d = json.loads(out.read_text())
+        return d, {p["stage"]: p for p in d["memory"]["model"]}
+    even, even_parts = parts()
+    split, split_parts = parts("--decoder-first-pipeline-num-layers", "3", "--decoder-last-pipeline-num-layers", "1")
+    assert (split["facts"]["decoder_first_pipeline_num_layers"], split["facts"]["decoder_last_pipeline_num_layers"]) == (3, 1)
+    assert "decoder_first_pipeline_num_layers" not in even["facts"] or even["facts"]["decoder_first_pipeline_num_layers"] is None
+    layer = split_parts[0]["weights"] - even_parts[0]["weights"]          # one layer's weights moved to stage 0
+    assert layer > 0 and even_parts[1]["weights"] - split_parts[1]["weights"] == pytest.approx(layer)
+    assert any("layers per pipeline stage 3/1" in n for n in split["advice_basis"]["calibration"])
+
+
 def test_imbalanced_stages_recommend_moving_layers(tmp_path):
     """p=2, 8 layers, stage 1 computes 1.5x: in units of stage 0's layer, 4 vs 6 = 4 layers + 2 extra.
     Minimising max(n0, n1 + 2) with n0 + n1 = 8 gives 5 / 3 (5 vs 5)."""
@@ -142,6 +162,37 @@ def test_imbalanced_stages_recommend_moving_layers(tmp_path):
     assert rec.flags == {"--decoder-first-pipeline-num-layers": "5", "--decoder-last-pipeline-num-layers": "3"}
     assert rec.evidence[0].value == pytest.approx(1.5, rel=1e-3)
     assert rec.runnable      # the trainer runs uneven first/last stages (issue #18)
+    # its peak memory, by hand (the synthetic job's shape: h 4096, f 16384, a 32, s 2048, V 50304, bf16
+    # + Adam 18 B a parameter, 1F1B): stage 0 with 5 layers, (5 x 12 h^2 + V h) = 1,212,678,144
+    # parameters, and 2 micro-batches in flight of s b h (34 + 5 a s / h) = 956,301,312 B a layer
+    assert rec.memory_after_bytes == 1_212_678_144 * 18 + 5 * 2 * 956_301_312 == 31_391_219_712
+    assert rec.memory_before_bytes == (4 * 201_326_592 + 206_045_184) * 18 + 4 * 2 * 956_301_312
+
+
+def test_rebalance_starts_from_the_runs_own_uneven_split(tmp_path):
+    """The run already splits 6/2 (diag_run.json's decoder_first/last_pipeline_num_layers) and its
+    stage 0 computes 1.5x stage 1: per layer 1 unit on stage 0 (6 / 6), stage 1's 4 units are its 2
+    layers and 2 units more (the loss). min max(n0, n1 + 2) gives 5/3, not the 3/5 an even 4/4
+    reading of the same compute would give (4 units a layer... stage 0's 2 "extra")."""
+    w = Workload(num_layers=8, fwd_s_per_layer=1 * MS)
+    c = Config(pp=2, num_micro_batches=8)
+    write_job(simulate(w, c, Links(), steps=4, stage_slowdown={0: 1.5}), str(tmp_path), c, w)
+    path = os.path.join(str(tmp_path), "diag_run.json")
+    with open(path, "rb") as f:
+        facts = runmeta.decode(f.read())
+    runmeta.write(path, msgspec.structs.replace(facts, decoder_first_pipeline_num_layers=6,
+                                                decoder_last_pipeline_num_layers=2))
+    d = with_advice(diagnose(load_job(str(tmp_path))))
+    rec = next(r for r in d.recommendations if r.rule == "rebalance")
+    assert rec.flags == {"--decoder-first-pipeline-num-layers": "5", "--decoder-last-pipeline-num-layers": "3"}
+    assert rec.title == "layers per stage 5/3 instead of 6/2"
+    # the memory model holds the run's split: stage 0 had 6 layers, now 5 (one layer's 12 h^2 x 18 B and
+    # 2 x 956,301,312 B of activations less)
+    assert rec.memory_before_bytes - rec.memory_after_bytes == 201_326_592 * 18 + 2 * 956_301_312
+    assert "layers per pipeline stage 6/2 (the run's uneven split)" in d.advice_basis.calibration
+    # a change of the stages (interleaving) prices, and re-runs, an even split
+    il = next(r for r in d.recommendations if r.rule == "interleave")
+    assert il.flags["--decoder-first-pipeline-num-layers"] is None and any("split evenly" in a for a in il.assumptions)
 
 
 def test_straggler_named_with_what_to_check(tmp_path):

@@ -182,6 +182,17 @@ def test_megatron_command_line_text_and_its_defaults(tmp_path):
     assert (c["dp"], c["num_micro_batches"]) == (8, 64)           # 64 / 8; 1024 / (2 x 8)
 
 
+def test_megatron_uneven_split(tmp_path):
+    """--decoder-first/last-pipeline-num-layers reach the facts (the memory model's and rebalance's split);
+    without them there is no such key: an even share."""
+    cmd = ("python pretrain_gpt.py --pipeline-model-parallel-size 4 --num-layers 30 --hidden-size 1024 "
+           "--num-attention-heads 16 --decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6\n")
+    c = load_config(write(tmp_path, "args.txt", cmd))
+    assert (c["decoder_first_pipeline_num_layers"], c["decoder_last_pipeline_num_layers"]) == (6, 6)
+    even = load_config(write(tmp_path, "even.txt", cmd.split(" --decoder")[0] + "\n"))
+    assert "decoder_first_pipeline_num_layers" not in even and "decoder_last_pipeline_num_layers" not in even
+
+
 def test_megatron_values_not_in_the_script_are_said(tmp_path):
     c = load_config(write(tmp_path, "run.sh", "torchrun --nproc_per_node 8 --nnodes $SLURM_NNODES pretrain_gpt.py "
                                               "--num-layers $LAYERS --hidden-size 1024\n"))

@@ -59,6 +59,7 @@ from typing import Optional
 from ..analysis.results import MemoryParts
 from ..analysis.throughput import gpt_params
 from ..hardware import device_memory
+from ..layout import stage_layer_counts
 from ..record import record
 
 RECOMPUTE = ("none", "selective", "full")
@@ -112,6 +113,8 @@ class MemoryConfig:
     num_micro_batches: int = 1
     schedule: str = "1f1b"              # 1f1b | gpipe | interleaved | zb1p
     virtual_stages: int = 1
+    first_stage_layers: int = 0         # Megatron-LM's uneven split (stage_layer_counts); 0: an even share
+    last_stage_layers: int = 0
     sequence_parallel: bool = False
     zero: int = 0                       # 0 replicated, 1 optimizer, 2 + gradients, 3 + weights sharded
     recompute: str = "none"
@@ -173,9 +176,24 @@ def end_params(s: Shape, lay: MemoryConfig, stage: int) -> float:
     return ((stage == 0) + (stage == lay.pp - 1)) * s.vocab * s.hidden
 
 
+def uneven(lay: MemoryConfig) -> bool:
+    return bool(lay.first_stage_layers or lay.last_stage_layers) and lay.pp > 1
+
+
+def layers_on_stage(s: Shape, lay: MemoryConfig, stage: int) -> float:
+    """Transformer layers one rank of pipeline `stage` holds: an even share, or under Megatron-LM's
+    uneven split its virtual stages' counts (stage, stage + p, ...: the first and last of the p x v
+    virtual stages have their own; layout.stage_layer_counts)."""
+    if not uneven(lay):
+        return s.num_layers / lay.pp
+    counts = stage_layer_counts(s.num_layers, lay.pp * lay.virtual_stages, lay.first_stage_layers,
+                                lay.last_stage_layers)
+    return float(sum(counts[stage::lay.pp]))
+
+
 def params_on_stage(s: Shape, lay: MemoryConfig, stage: int) -> float:
     """Parameters held by one rank of `stage` (blocks split over pp, everything over tp)."""
-    return (block_params(s) * s.num_layers / lay.pp + end_params(s, lay, stage)) / lay.tp
+    return (block_params(s) * layers_on_stage(s, lay, stage) + end_params(s, lay, stage)) / lay.tp
 
 
 def sharding_buffers(s: Shape, lay: MemoryConfig, stage: int) -> float:
@@ -286,7 +304,7 @@ def rank_estimate(s: Shape, lay: MemoryConfig, stage: int, other: float = 0.0) -
     grads = n * g / (shard if lay.zero >= 2 else 1.0) if grads_at_peak(lay, stage) else 0.0
     optim = n * o / (shard if lay.zero >= 1 else 1.0)
     flight = in_flight(lay, stage)
-    act = (activation_bytes_per_layer(s, lay) * (s.num_layers / lay.pp) * flight + recompute_bytes(s, lay)
+    act = (activation_bytes_per_layer(s, lay) * layers_on_stage(s, lay, stage) * flight + recompute_bytes(s, lay)
            + (stage == lay.pp - 1) * (head_bytes(s, lay) * flight + loss_grad_bytes(s, lay)))
     return Estimate(stage=stage, weights=weights, grads=grads, optimizer=optim, activations=act,
                     in_flight=flight, other=other, sharding_buffers=sharding_buffers(s, lay, stage),
@@ -307,8 +325,10 @@ class MemoryModel:
         """The rank with the largest modelled peak (stage 0 under 1F1B, the ends under GPipe)."""
         # Only the ends can hold it: a middle stage has no embedding and no more micro-batches in
         # flight than stage 0 (in_flight falls with the stage), so stage 0 bounds it. Two stages
-        # evaluated, not one per claimed stage (a PP of 2^23 from a flag costs nothing).
-        ends = range(lay.pp) if lay.pp <= 2 else (0, lay.pp - 1)
+        # evaluated, not one per claimed stage (a PP of 2^23 from a flag costs nothing). Under an
+        # uneven split the middle stages may hold more layers than the ends: stage 1 then bounds
+        # them (the same layers, the most in flight).
+        ends = range(lay.pp) if lay.pp <= 2 else (0, 1, lay.pp - 1) if uneven(lay) else (0, lay.pp - 1)
         return max((rank_estimate(self.shape, lay, st, self.other) for st in ends), key=lambda e: e.total)
 
     @classmethod
@@ -445,8 +465,23 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
                        dtype="fp32" if f.dtype == "fp32" else "bf16", backend=collective_backend(d),
                        bucket_copy=f.gradient_as_bucket_view is False, grads_freed=f.grads_set_to_none is True)
+    lay, split = _stage_split(lay, f)
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
     # any layout of more than one GPU may be given replicas by a lever (TP 2 -> TP 1 x DP 2)
     buckets = [BUCKET_WORDS[f.gradient_as_bucket_view]] if lay.tp * lay.pp * lay.dp * lay.cp > 1 else []
     return model, lay, capacity, [f"memory model: {model.basis}", ATTENTION_WORDS.get(f.attention, ATTENTION_WORDS[None]),
-                                  *buckets, f"peak memory now: {model.peak(lay).arithmetic()}"]
+                                  *buckets, *split, f"peak memory now: {model.peak(lay).arithmetic()}"]
+
+
+def _stage_split(lay: MemoryConfig, f) -> tuple[MemoryConfig, list[str]]:
+    """lay with the run's uneven split (facts.decoder_first/last_pipeline_num_layers), and a note:
+    the layers per stage, or why a split that does not add up was left out (an even share held)."""
+    first, last = f.decoder_first_pipeline_num_layers or 0, f.decoder_last_pipeline_num_layers or 0
+    if not (first or last) or lay.pp < 2:
+        return lay, []
+    try:
+        counts = stage_layer_counts(f.num_layers, lay.pp * lay.virtual_stages, first, last)
+    except ValueError as e:
+        return lay, [f"uneven split left out, an even share held: {e}"]
+    return (replace(lay, first_stage_layers=first, last_stage_layers=last),
+            ["layers per pipeline stage " + "/".join(map(str, counts)) + " (the run's uneven split)"])

@@ -19,6 +19,8 @@ from .results import Evidence, Recommendation, amount
 from ..record import record
 
 MIN_GAIN = 0.02            # a change the model prices under 2% of the step is not worth a re-run
+# Megatron-LM's uneven split of the layers (the trainer's too): the first and last stage's own counts
+SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 PREFER_SHARE = 0.8         # with `prefer`, the smallest change within 80% of the best predicted gain
 
 
@@ -75,6 +77,8 @@ class Context:
             after_cfg = replace(after_cfg, tp=config.tp, pp=config.pp, dp=config.dp, cp=config.cp,
                                 micro_batch_size=config.micro_batch_size, num_micro_batches=config.num_micro_batches,
                                 schedule=config.schedule, virtual_stages=config.virtual_stages)
+            if self._drops_split(config):
+                after_cfg = replace(after_cfg, first_stage_layers=0, last_stage_layers=0)
         after = self.memory.peak(after_cfg)
         rec.memory_capacity_bytes = self.capacity
         if self.capacity and after.total > self.capacity:
@@ -97,6 +101,14 @@ class Context:
         if after.total != now.total:     # the model's basis and the peak now are in the calibration notes
             rec.memory.insert(0, f"after: {after.arithmetic()}")
         return True
+
+    def _drops_split(self, config: Optional[Config]) -> bool:
+        """Whether a change leaves the run's uneven split (Megatron-LM's first/last stage layers) behind:
+        it changes the pipeline's stages (PP, or the virtual stages they are counted over), for which
+        those counts were not chosen; the change is then priced, and its command set, with an even split."""
+        lay = self.mem_config
+        return (config is not None and lay is not None and mem.uneven(lay)
+                and (config.pp != lay.pp or config.virtual_stages != lay.virtual_stages))
 
     def axis(self, name: str) -> Optional[AxisOverlap]:
         return next((a for a in (self.d.comm.axes if self.d.comm else []) if a.axis == name), None)
@@ -130,11 +142,15 @@ class Context:
             return []
         conf = confidence or (_confidence(self.cal.fit_error) if self.cal else "low")
         runnable = kw.pop("runnable", True)
+        assumptions = kw.pop("assumptions", [])
+        if self._drops_split(config):
+            flags = {**flags, **{f: None for f in SPLIT_FLAGS}}
+            assumptions = [*assumptions, "the layers split evenly over the new stages (the run's own first/last "
+                                         "stage counts are for its present stages)"]
         cmd = rerun_command(self.d.run.command if self.d.run else None, flags, rule) if flags and runnable else None
         tokens = (self.cal.tokens_per_step if self.cal else None) or \
             (self.d.throughput.tokens_per_step if self.d.throughput else None)
         rate = (lambda s: tokens / s if tokens and s else None)
-        assumptions = kw.pop("assumptions", [])
         rec = Recommendation(rule=rule, title=title, evidence=evidence, flags=dict(flags), command=cmd,
                              step_s_before=self.step_s, step_s_after=after,
                              tokens_per_s_before=rate(self.step_s), tokens_per_s_after=rate(after),

@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import Optional
 
 from ..analysis.results import Finding, FindingKind, StragglerKind
-from .propose import Context, Recommendation, ev
+from ..layout import stage_layer_counts
+from .propose import SPLIT_FLAGS, Context, Recommendation, ev
 from .calibrate import (IDLE_MIN, SHORT_KERNEL_US, WAITING_HOST_MIN, host_words, idle_waits_on_host,
                         median_kernel_us, shared_cores, waits_on_host, window_step, with_micro_batch)
 from .memory import zero_flags
@@ -407,34 +408,54 @@ def _splits(layers: int, stages: int):
             yield (first,) + rest
 
 
+def _run_split(ctx: Context, layers: int, stages: int) -> Optional[list[int]]:
+    """The measured run's layers per stage: its uneven split where the facts give one, else even;
+    None where neither adds up (facts that contradict the layer count)."""
+    f = ctx.d.facts
+    for first, last in ((f.decoder_first_pipeline_num_layers or 0, f.decoder_last_pipeline_num_layers or 0), (0, 0)):
+        try:
+            return stage_layer_counts(layers, stages, first, last)
+        except ValueError:
+            continue
+    return None
+
+
 def rebalance(ctx: Context) -> list[Recommendation]:
-    """One stage computes longer than the rest -> move layers away from it."""
+    """One stage computes longer than the rest -> move layers away from it. Each stage's compute is
+    its layers at the fastest stage's time per layer plus what else it runs (embedding, loss, a slow
+    device), from the run's own split (even, or Megatron-LM's uneven first/last stage). Not with
+    virtual stages: a stage's compute is then its chunks', which the first/last counts split unevenly."""
     p = ctx.d.pipeline
-    if not p or p.p < 2 or ctx.cal is None or p.p > 8:
+    if not p or p.p < 2 or ctx.cal is None or p.p > 8 or ctx.cal.config.virtual_stages > 1:
         return []
     comp = [s.compute_s for s in sorted(p.stages, key=lambda s: s.stage)]
     if min(comp) <= 0 or max(comp) / min(comp) < IMBALANCE_MIN:
         return []
     L = ctx.cal.workload.num_layers
-    per = L // p.p
-    layer_s = min(comp) / per                     # the fastest stage: layers and least extra work
-    extra = [x - per * layer_s for x in comp]     # embedding, loss, a slow device...
+    if (now := _run_split(ctx, L, p.p)) is None:
+        return []
+    layer_s = min(x / n for x, n in zip(comp, now))   # the fastest stage per layer: least extra work
+    extra = [x - n * layer_s for x, n in zip(comp, now)]   # embedding, loss, a slow device...
     best = min(_splits(L, p.p), key=lambda sp: max(n * layer_s + x for n, x in zip(sp, extra)))
     mean = sum(comp) / len(comp)
     slow = {s: (n * layer_s + x) / mean for s, (n, x) in enumerate(zip(best, extra))}
     worst = comp.index(max(comp))
     e = [ev(f"compute per step, stage {worst} / stage {comp.index(min(comp))}", max(comp) / min(comp),
             IMBALANCE_MIN, "ratio", "Pipeline bubble per stage (compute ms/step)")]
-    if best == tuple([per] * p.p):
+    if best == tuple(now):
         return []
-    flags = {"--decoder-first-pipeline-num-layers": str(best[0]), "--decoder-last-pipeline-num-layers": str(best[-1])}
+    flags = dict(zip(SPLIT_FLAGS, (str(best[0]), str(best[-1]))))
     after = ctx.cal.predict(ctx.cal.config, slowdown=slow)
-    return ctx.make("rebalance", "layers per stage " + "/".join(map(str, best)) + f" instead of {per} each", e, flags,
+    runnable = len(set(best[1:-1])) <= 1          # Megatron-LM and the trainer split the middle stages evenly
+    was = f"{now[0]} each" if len(set(now)) == 1 else "/".join(map(str, now))
+    return ctx.make("rebalance", "layers per stage " + "/".join(map(str, best)) + f" instead of {was}", e, flags,
                     after, why="every stage waits for the slowest one in steady state; moving layers off it "
                                "shortens the critical path",
                     assumptions=[f"per-layer time {layer_s * 1e3:.3g} ms from the fastest stage; the rest of each "
                                  "stage's compute (embedding, loss) stays where it is"],
-                    runnable=len(set(best[1:-1])) <= 1)   # the trainer splits the middle stages evenly
+                    # the memory model holds the split the flags can say (first and last stage, the rest even)
+                    memory={"first_stage_layers": best[0], "last_stage_layers": best[-1]} if runnable else None,
+                    runnable=runnable)
 
 
 def bf16(ctx: Context) -> list[Recommendation]:

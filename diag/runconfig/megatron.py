@@ -27,6 +27,8 @@ INTS = {
     "num_layers_per_virtual_pipeline_stage": "layers_per_virtual_stage",
     "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_stages",
     "virtual_pipeline_model_parallel_size": "virtual_pipeline_stages",
+    "decoder_first_pipeline_num_layers": "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers": "decoder_last_pipeline_num_layers",
 }
 # torchrun's, in a launch script: the world size when both are numbers ("--nnodes 1:4" is elastic).
 LAUNCHER = {"nproc_per_node", "nnodes"}
@@ -77,6 +79,7 @@ def from_args(path: str, args: dict, world_size: Optional[int] = None) -> tuple[
                seq_length=a.get("seq_length"),
                num_micro_batches=micro_batches(a.get("global_batch_size"), a.get("micro_batch_size"), dp))
     out.update(_pipeline(a, out["pp"]))
+    out.update({k: a.get(k) for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")})
     out.update(use_distributed_optimizer=a.get("use_distributed_optimizer"),
                sequence_parallel=a.get("sequence_parallel"), recompute_granularity=a.get("recompute_granularity"),
                dtype="bf16" if a.get("bf16") else "fp16" if a.get("fp16") else None,

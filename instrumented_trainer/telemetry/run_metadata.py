@@ -75,6 +75,8 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         # m >= p (diag's bubble lever) re-runs 1F1B: what diag predicts for it must be 1F1B's memory
         pipeline_schedule=job.parallel.pipeline_schedule,
         virtual_pipeline_stages=job.parallel.virtual_stages(m.num_layers),
+        decoder_first_pipeline_num_layers=job.parallel.decoder_first_pipeline_num_layers or None,
+        decoder_last_pipeline_num_layers=job.parallel.decoder_last_pipeline_num_layers or None,
         sequence_parallel=job.parallel.sequence_parallel,
         use_distributed_optimizer=job.parallel.use_distributed_optimizer,
         data_parallel_sharding_strategy=job.parallel.data_parallel_sharding_strategy,

@@ -63,6 +63,9 @@ CONFIGS = {
     "long seq, ZeRO-1": [*ACTIVATIONS, "--use-distributed-optimizer"],
     "long seq, full recompute": [*ACTIVATIONS, "--recompute-granularity", "full"],
     "long seq, selective recompute": [*ACTIVATIONS, "--recompute-granularity", "selective"],
+    # PP 2 with Megatron-LM's uneven split: 3 layers on stage 0, 1 on stage 1 (m = 8 / 4 = 2)
+    "long seq, PP 2 split 3/1": [*ACTIVATIONS, "--pipeline-model-parallel-size", "2",
+                                 "--decoder-first-pipeline-num-layers", "3", "--decoder-last-pipeline-num-layers", "1"],
 }
 
 
@@ -168,7 +171,7 @@ def test_recompute_lowers_the_peak_by_the_activations_it_drops(peaks):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["long seq", "long seq, ZeRO-1", "long seq, full recompute",
-                                  "long seq, selective recompute"])
+                                  "long seq, selective recompute", "long seq, PP 2 split 3/1"])
 def test_the_memory_model_predicts_the_measured_peak(measured, name):
     """diag's memory model, not calibrated, for the run as diag reads it (diag_run.json's shape
     and levers; the attention kind from the trace: CPU flash attention, "fused"), meets the
@@ -181,6 +184,9 @@ def test_the_memory_model_predicts_the_measured_peak(measured, name):
     d = diagnose(load_job(str(out)))
     assert d.facts.attention == "fused"
     model, lay, _, _ = of_diagnosis(d)
+    if "split" in name:          # diag_run.json says the split, and the model holds it (stage 0: 3 layers)
+        assert (d.facts.decoder_first_pipeline_num_layers, d.facts.decoder_last_pipeline_num_layers) == (3, 1)
+        assert (lay.first_stage_layers, lay.last_stage_layers) == (3, 1)
     predicted = MemoryModel(model.shape).peak(lay).total
     assert abs(predicted - peak) <= 0.15 * peak, (predicted, peak)
 
