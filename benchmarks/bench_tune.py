@@ -63,6 +63,9 @@ CASES = {
     "rebalance": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 4 "
                  "--hidden-size 512 --num-attention-heads 8 --seq-length 256 --vocab-size 16384",
     "recompute": "--nproc 1 --micro-batch-size 4 --global-batch-size 8 --recompute-granularity full",
+    # activations large beside the weights (sequence 256, micro-batch 4), so that splitting them over TP shows
+    "sequence_parallel": "--nproc 2 --tensor-model-parallel-size 2 --micro-batch-size 4 --global-batch-size 8 "
+                         "--hidden-size 256 --seq-length 256",
     "zero_down": "--nproc 2 --micro-batch-size 4 --global-batch-size 16 --data-parallel-sharding-strategy "
                  "optim_grads_params",
 }
@@ -70,7 +73,12 @@ CASES = {
 # model's price checked against it. dp_overlap: two ranks of one thread take this machine's two cores,
 # where gloo's threads would reduce on the compute's cores, so the model hides none of the overlapped
 # all-reduce (calibrate.shared_cores) and the rule says "not proposed" with its +0.0%.
-DECLINED = {"dp_overlap": ({"--overlap-grad-reduce": ""}, {"overlap_grad_reduce": True}, {})}
+# sequence_parallel: no rule proposes it alone; the recommender pairs it with a change that needs it to fit
+# memory (memory.fit_ladder), pricing its time as the all-reduce's (docs/model.md) and its activations / TP:
+# run alone here, so that both are checked.
+DECLINED = {"dp_overlap": ({"--overlap-grad-reduce": ""}, {"overlap_grad_reduce": True}, {}),
+            "sequence_parallel": ({"--sequence-parallel": ""}, {}, {"sequence_parallel": True})}
+DECLINED_WHY = {"sequence_parallel": "proposed only with a change that needs it to fit memory"}
 # Levers that need a device capacity to fire (on CPU there is none to read): GiB passed to diag tune.
 MEMORY_GIB = {"recompute": 1.0, "zero_down": 1.0}
 
@@ -187,7 +195,8 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Op
     flags, _, memory_change = DECLINED[rule]         # trainer flags, model Config and MemoryConfig changes
     d = res.before.diagnosis
     cal, after, first = declined_price(d, rule)
-    why = next((n for n in res.message.split("; ") if n.startswith("not proposed")), "not proposed")
+    why = DECLINED_WHY.get(rule) or next((n for n in res.message.split("; ") if n.startswith("not proposed")),
+                                         "not proposed")
     rec = Recommendation(rule=rule, title=f"{' '.join(flags)} all the same ({why})",
                          evidence=[ev("predicted step change", 100 * first, 0, "%")],
                          flags=dict(flags), command=rerun_command(d.run.command, flags, rule),

@@ -100,6 +100,9 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     gradient_as_bucket_view: Optional[bool] = None            # torch DDP's: False = buckets beside the grads
     grads_set_to_none: Optional[bool] = None                  # zero_grad(set_to_none=True) between steps
     sequence_parallel: Optional[bool] = None
+    # whose sequence parallelism: "megatron" (the linears' inputs kept sharded, gathered again in backward)
+    # or "dtensor" (torch's SequenceParallel plan: the column-parallel linears keep their gathered inputs)
+    sequence_parallel_kind: Optional[Name] = None
     use_distributed_optimizer: Optional[bool] = None          # ZeRO-1, as Megatron-LM
     data_parallel_sharding_strategy: Optional[Name] = None    # no_shard | optim | optim_grads | optim_grads_params
     recompute_granularity: Optional[Name] = None              # full | selective

@@ -35,9 +35,13 @@ def test_stage_0_of_tp2_pp2_by_hand():
 
 
 @pytest.mark.parametrize("changes,per_layer", [
-    ({"sequence_parallel": True}, 2048 * 2048 * (34 + 80) / 2),     # s b h (34 + 5 a s / h) / t
-    ({"sequence_parallel": True, "recompute": "selective"}, 2048 * 2048 * 34 / 2),
+    # Megatron-LM's SP: s b h (34 + 5 a s / h) / t
+    ({"sequence_parallel": True, "sp_whole_inputs": False}, 2048 * 2048 * (34 + 80) / 2),
+    ({"sequence_parallel": True, "sp_whole_inputs": False, "recompute": "selective"}, 2048 * 2048 * 34 / 2),
     ({"sequence_parallel": True, "recompute": "full"}, 2 * 2048 * 2048 / 2),
+    # torch's DTensor SP: the linears' gathered inputs (4 s b h) whole, the rest / t: s b h (4 + (30 + 80) / 2)
+    ({"sequence_parallel": True}, 2048 * 2048 * (4 + (30 + 80) / 2)),
+    ({"sequence_parallel": True, "recompute": "selective"}, 2048 * 2048 * (4 + 30 / 2)),
     ({"recompute": "full"}, 2 * 2048 * 2048),                        # the layer input, not split
     ({"tp": 1}, 2048 * 2048 * (34 + 80)),
     ({"cp": 2}, 1024 * 2048 * (10 + 12 + 5 * 16 * 1024 / (2048 * 2))),

@@ -537,3 +537,19 @@ def test_idle_between_long_kernels_is_said_as_waiting_on_the_host_not_launches()
         assert rec.tokens_per_s_before is None
         text = "\n".join(rec_lines(1, rec))
         assert "tokens/s" not in text and f"(threshold {100 * idle.threshold:.1f}%)" in text
+
+
+def test_a_change_paired_with_sequence_parallelism_says_its_time_is_not_measured(tmp_path):
+    """The CPU sample on a 6 MiB device: interleaving fits only with sequence parallelism (torch's DTensor
+    plan, what the trainer runs: its saving counted as that plan keeps it) and ZeRO-1; its assumptions say
+    that SP's time was priced as the all-reduces it replaces, and what the closed loop measured."""
+    from diag.advise.propose import SP_TIME
+    out = tmp_path / "d.json"
+    r = CliRunner().invoke(main, ["analyze", "sample_traces/tp2_pp2_dp2", "--format", "json", "-o", str(out),
+                                  "--memory-per-gpu", "0.006"])
+    assert r.exit_code == 0, r.output
+    recs = {x["rule"]: x for x in json.loads(out.read_text())["recommendations"]}
+    il = recs["interleave"]
+    assert il["title"].endswith("with sequence parallelism and ZeRO-1 to fit")
+    assert il["flags"]["--sequence-parallel"] == "" and SP_TIME in il["assumptions"]
+    assert SP_TIME not in recs["tp_layout"]["assumptions"]          # TP 1: no SP to add

@@ -164,7 +164,7 @@ def test_megatron_launch_script(tmp_path):
     assert (c["pipeline_schedule"], c["virtual_pipeline_stages"]) == ("interleaved-1f1b", 2)
     assert (c["hidden_size"], c["ffn_hidden_size"], c["num_query_groups"], c["swiglu"]) == (4096, 14336, 8, True)
     assert (c["seq_length"], c["vocab_size"], c["dtype"]) == (8192, 128256, "bf16")
-    assert c["sequence_parallel"] and c["use_distributed_optimizer"]
+    assert c["sequence_parallel"] and c["use_distributed_optimizer"] and c["sequence_parallel_kind"] == "megatron"
     # Megatron-LM's DDP: gradients are views of its grad buffer, no bucket copy (docs/memory.md)
     assert c["gradient_as_bucket_view"] is True and c["grads_set_to_none"] is False
     assert c["source"] == "Megatron-LM arguments train_llama3_8b.sh" and "notes" not in c

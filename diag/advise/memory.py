@@ -116,6 +116,8 @@ class MemoryConfig:
     first_stage_layers: int = 0         # Megatron-LM's uneven split (stage_layer_counts); 0: an even share
     last_stage_layers: int = 0
     sequence_parallel: bool = False
+    sp_whole_inputs: bool = True        # torch's DTensor SP: the column-parallel linears keep their gathered
+                                        # inputs whole; False: Megatron-LM's, which keeps them sharded
     zero: int = 0                       # 0 replicated, 1 optimizer, 2 + gradients, 3 + weights sharded
     recompute: str = "none"
     dtype: str = "bf16"                 # bf16 (mixed precision, fp32 master) or fp32
@@ -247,13 +249,18 @@ def scores_term(s: Shape, lay: MemoryConfig) -> float:
 
 
 def activation_bytes_per_layer(s: Shape, lay: MemoryConfig) -> float:
-    """What one layer keeps for backward, one micro-batch (Korthikanti et al. 2022, table 2)."""
+    """What one layer keeps for backward, one micro-batch (Korthikanti et al. 2022, table 2). Of the
+    10·s·b·h TP leaves whole, the norms' inputs (4), the two column-parallel linears' inputs (4) and
+    the dropout masks (2): Megatron-LM's sequence parallelism splits all 10 t ways; torch's DTensor
+    plan (SequenceParallel norms, PrepareModuleInput gathering the linears' inputs: the trainer,
+    torchtitan) keeps the linears' gathered inputs whole, 4 + 6/t (measured, docs/memory.md)."""
     seq, b, h, t = s.seq / lay.cp, lay.micro_batch_size, s.hidden, lay.tp
     if lay.recompute == "full":
         per = 2.0 * seq * b * h / (t if lay.sequence_parallel else 1)
     else:
         attn = scores_term(s, lay)
-        per = seq * b * h * ((34.0 + attn) / t if lay.sequence_parallel else 10.0 + 24.0 / t + attn / t)
+        whole = 10.0 if not lay.sequence_parallel else 4.0 if lay.sp_whole_inputs else 0.0   # kept whole
+        per = seq * b * h * (whole + (34.0 - whole + attn) / t)
     return per * (2.0 if lay.dtype == "fp32" else 1.0)
 
 
@@ -271,7 +278,8 @@ def head_bytes(s: Shape, lay: MemoryConfig) -> float:
     loss's fp32 log-softmax 4·s·b·V/t (Korthikanti et al. 2022, 4.3, counts the fp32 logits alone)."""
     seq, b, t = s.seq / lay.cp, lay.micro_batch_size, lay.tp
     fp32 = lay.dtype == "fp32"
-    inputs = 4.0 * seq * b * s.hidden / (t if lay.sequence_parallel else 1) * (2.0 if fp32 else 1.0)
+    norm, linear = (1 / t, 1 / t if not lay.sp_whole_inputs else 1.0) if lay.sequence_parallel else (1.0, 1.0)
+    inputs = 2.0 * (norm + linear) * seq * b * s.hidden * (2.0 if fp32 else 1.0)
     return inputs + ((4.0 if fp32 else 2.0) + 4.0) * seq * b * s.vocab / t
 
 
@@ -464,8 +472,13 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                        virtual_stages=f.virtual_pipeline_stages or 1, sequence_parallel=bool(f.sequence_parallel),
                        zero=zero_stage(f), recompute=f.recompute_granularity or "none",
                        dtype="fp32" if f.dtype == "fp32" else "bf16", backend=collective_backend(d),
-                       bucket_copy=f.gradient_as_bucket_view is False, grads_freed=f.grads_set_to_none is True)
+                       bucket_copy=f.gradient_as_bucket_view is False, grads_freed=f.grads_set_to_none is True,
+                       sp_whole_inputs=f.sequence_parallel_kind != "megatron")
     lay, split = _stage_split(lay, f)
+    if lay.tp > 1 and f.sequence_parallel_kind is None:
+        split.append("sequence parallelism counted as torch's DTensor plan's (the column-parallel linears keep their "
+                     "gathered inputs, 4·s·b·h a layer, whole); Megatron-LM's keeps them sharded and saves more: a "
+                     "Megatron-LM --config says which")
     model = MemoryModel.calibrated(shape, lay, f.peak_memory_bytes)
     # any layout of more than one GPU may be given replicas by a lever (TP 2 -> TP 1 x DP 2)
     buckets = [BUCKET_WORDS[f.gradient_as_bucket_view]] if lay.tp * lay.pp * lay.dp * lay.cp > 1 else []

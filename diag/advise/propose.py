@@ -21,6 +21,10 @@ from ..record import record
 MIN_GAIN = 0.02            # a change the model prices under 2% of the step is not worth a re-run
 # Megatron-LM's uneven split of the layers (the trainer's too): the first and last stage's own counts
 SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+# what the step-time model takes sequence parallelism to cost, and what the closed loop measured
+SP_TIME = ("sequence parallelism's time priced as the all-reduces it replaces (its all-gathers and reduce-scatters "
+           "move the same bytes); on the trainer's CPU job over gloo it measured +29% of the step (torch's DTensor "
+           "redistributions; benchmarks/README.md), so check it on the job's own devices")
 PREFER_SHARE = 0.8         # with `prefer`, the smallest change within 80% of the best predicted gain
 
 
@@ -119,6 +123,8 @@ class Context:
         recompute's extra forward; sequence parallelism and selective recompute move what they
         moved before (docs/model.md). False if it is no longer a gain."""
         zero, full = fit.zero != before.zero, fit.recompute == "full" and before.recompute != "full"
+        if fit.sequence_parallel and not before.sequence_parallel:
+            rec.assumptions.append(SP_TIME)
         if not (zero or full):
             return True
         if self.cal is None or config is None or not self.step_s:

@@ -81,7 +81,8 @@ def from_args(path: str, args: dict, world_size: Optional[int] = None) -> tuple[
     out.update(_pipeline(a, out["pp"]))
     out.update({k: a.get(k) for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")})
     out.update(use_distributed_optimizer=a.get("use_distributed_optimizer"),
-               sequence_parallel=a.get("sequence_parallel"), recompute_granularity=a.get("recompute_granularity"),
+               sequence_parallel=a.get("sequence_parallel"), sequence_parallel_kind="megatron",
+               recompute_granularity=a.get("recompute_granularity"),
                dtype="bf16" if a.get("bf16") else "fp16" if a.get("fp16") else None,
                # its DDP all-reduces the contiguous grad buffer the gradients are views of: no bucket copy,
                # and that buffer is allocated for the whole run (zeroed, never freed, between steps)

@@ -78,6 +78,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         decoder_first_pipeline_num_layers=job.parallel.decoder_first_pipeline_num_layers or None,
         decoder_last_pipeline_num_layers=job.parallel.decoder_last_pipeline_num_layers or None,
         sequence_parallel=job.parallel.sequence_parallel,
+        sequence_parallel_kind="dtensor",   # torch's SequenceParallel / PrepareModuleInput plan (tensor_parallel.py)
         use_distributed_optimizer=job.parallel.use_distributed_optimizer,
         data_parallel_sharding_strategy=job.parallel.data_parallel_sharding_strategy,
         recompute_granularity=job.parallel.recompute_granularity,

@@ -92,6 +92,7 @@ def measured(tmp_path_factory) -> dict[str, tuple[int, Path]]:
             facts = json.loads((run.out / "diag_run.json").read_text())
             assert facts["peak_memory_bytes"] == max(measured[3:])
             assert facts["gradient_as_bucket_view"] is False      # its replicated sync's buckets: docs/memory.md
+            assert facts["sequence_parallel_kind"] == "dtensor"   # torch's TP plan: docs/run_metadata.md
             if name not in out or measured[3] < out[name][0]:
                 out[name] = measured[3], run.out
     return out
@@ -301,3 +302,35 @@ def test_the_peak_grows_with_the_micro_batch_by_the_loss(tmp_path):
     sample = 128 * 8192                                  # logit elements of one sample
     assert models[1] - models[0] > 16 * sample           # the loss's 16 B and the layers' activations
     assert abs((peaks[1] - peaks[0]) - (models[1] - models[0])) <= 0.10 * (models[1] - models[0]), (peaks, models)
+
+
+@pytest.mark.slow
+def test_torch_sequence_parallelism_saves_the_norms_inputs_only(tmp_path):
+    """What the trainer's TP 2 stage (torch's DTensor plan: SequenceParallel norms, PrepareModuleInput
+    gathering each column-parallel linear's input) saves for backward in one forward, with and without
+    `--sequence-parallel`, each storage once. The memory model's DTensor SP keeps the linears' gathered
+    inputs whole (4 s·b·h a layer) and splits the rest of the 10 t ways: it saves 6 (1 - 1/t) s·b·h a
+    layer and, on the last stage, the final norm's input, 2 (1 - 1/t) s·b·h. The trainer has no dropout,
+    whose masks (2 s·b·h of the model's 6) are not there to split. By hand (Korthikanti's units: bytes
+    at 16 bits, x2 in fp32), s·b·h = 256 x 4 x 256 = 262,144, t 2, 4 layers: (4 x (6 - 2) + 2) x 0.5 x
+    262,144 x 2 = 4,718,592 B. Megatron-LM's SP (all 10 / t, the head's 4 / t) would save
+    (4 x 5 + 2) x 262,144 x 2 = 11,534,336 B."""
+    from diag.advise.memory import MemoryConfig, Shape, activation_bytes_per_layer, head_bytes
+
+    args = ["--tensor-model-parallel-size", "2", "--hidden-size", "256", "--seq-length", "256",
+            "--micro-batch-size", "4", "--num-layers", "4"]
+    saved = {sp: run_workers("tests.trainer.saved_worker", tmp_path / str(sp), 2, *args,
+                             *(["--sequence-parallel"] if sp else []))[0]["saved_bytes"] for sp in (False, True)}
+    measured = saved[False] - saved[True]
+    shape = Shape(num_layers=4, hidden=256, heads=4, seq=256, vocab=128, attention="fused")
+    lay = MemoryConfig(tp=2, micro_batch_size=4, dtype="fp32")
+
+    def kept(**kw):
+        c = replace(lay, **kw)
+        return 4 * activation_bytes_per_layer(shape, c) + head_bytes(shape, c)
+
+    dropout = 4 * 2 * (1 - 1 / 2) * 262_144 * 2      # 2 s·b·h a layer (bytes at 16 bits), x2 in fp32
+    torch_sp = kept() - kept(sequence_parallel=True) - dropout
+    assert torch_sp == 4_718_592
+    assert kept() - kept(sequence_parallel=True, sp_whole_inputs=False) == 11_534_336
+    assert abs(measured - torch_sp) <= 0.05 * torch_sp, (measured, torch_sp)
