@@ -66,6 +66,8 @@ def test_torchtitan_toml_with_the_world_size(tmp_path):
     assert (c["num_attention_heads"], c["num_query_groups"], c["vocab_size"], c["swiglu"]) == (32, 8, 128256, True)
     assert (c["seq_length"], c["dtype"], c["recompute_granularity"]) == (8192, "bf16", "selective")
     assert c["source"] == "torchtitan config llama3_8b.toml (llama3 8B)"
+    # its TP plan runs torch's sequence parallelism whenever TP > 1 (SequenceParallel norms)
+    assert (c["sequence_parallel"], c["sequence_parallel_kind"]) == (True, "dtensor")
     # the flavour's matmul parameters are Llama 3 8B's: 7,504,658,432 (see test_throughput)
     assert gpt_params(c["num_layers"], c["hidden_size"], c["vocab_size"], c["ffn_hidden_size"],
                       num_heads=c["num_attention_heads"], num_query_groups=c["num_query_groups"],

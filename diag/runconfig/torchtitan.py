@@ -7,7 +7,8 @@ torchtitan's own flavour tables (FLAVORS); [activation_checkpoint] mode. Everyth
 ignored. A parallel degree the file leaves out is torchtitan's default, 1 (disabled), and
 data_parallel_shard_degree -1 means "the ranks the other degrees leave": known only with the
 world size, which a TOML does not state (torchrun's --nproc_per_node does). Batch and sequence
-sizes the file leaves out stay unknown.
+sizes the file leaves out stay unknown. With TP > 1, sequence parallelism as torch's DTensor plan runs it:
+torchtitan's TP plan always shards the norms over the sequence (SequenceParallel).
 """
 from __future__ import annotations
 
@@ -115,6 +116,8 @@ def from_toml(path: str, doc: dict, world_size: Optional[int] = None) -> dict:
     recompute, dtype = d.str("recompute"), d.str("param_dtype")
     out["recompute_granularity"] = recompute.lower() if recompute else None
     out["dtype"] = DTYPES.get(dtype) if dtype else None
+    if out["tp"] > 1:       # torchtitan's TP plan shards the norms over the sequence (SequenceParallel), always
+        out.update(sequence_parallel=True, sequence_parallel_kind="dtensor")
     return known(out)
 
 
