@@ -486,15 +486,27 @@ def of_diagnosis(d) -> tuple[Optional[MemoryModel], Optional[MemoryConfig], Opti
                                   *buckets, *split, f"peak memory now: {model.peak(lay).arithmetic()}"]
 
 
-def _stage_split(lay: MemoryConfig, f) -> tuple[MemoryConfig, list[str]]:
-    """lay with the run's uneven split (facts.decoder_first/last_pipeline_num_layers), and a note:
-    the layers per stage, or why a split that does not add up was left out (an even share held)."""
+def run_split(f, stages: int) -> tuple[tuple[int, int], Optional[str]]:
+    """The run's uneven split over `stages` (p x v) pipeline stages, (first, last) stage layers from its
+    facts (decoder_first/last_pipeline_num_layers), (0, 0) for an even share; and why a split that does
+    not add up to its layers was left out (an even share held then), else None."""
     first, last = f.decoder_first_pipeline_num_layers or 0, f.decoder_last_pipeline_num_layers or 0
-    if not (first or last) or lay.pp < 2:
-        return lay, []
+    if not (first or last) or stages < 2 or not f.num_layers:
+        return (0, 0), None
     try:
-        counts = stage_layer_counts(f.num_layers, lay.pp * lay.virtual_stages, first, last)
+        stage_layer_counts(f.num_layers, stages, first, last)
     except ValueError as e:
-        return lay, [f"uneven split left out, an even share held: {e}"]
+        return (0, 0), f"uneven split left out, an even share held: {e}"
+    return (first, last), None
+
+
+def _stage_split(lay: MemoryConfig, f) -> tuple[MemoryConfig, list[str]]:
+    """lay with the run's uneven split (run_split), and a note: the layers per stage, or why it was
+    left out."""
+    stages = lay.pp * lay.virtual_stages
+    (first, last), why = run_split(f, stages)
+    if why or not (first or last):
+        return lay, [why] if why else []
+    counts = stage_layer_counts(f.num_layers, stages, first, last)
     return (replace(lay, first_stage_layers=first, last_stage_layers=last),
             ["layers per pipeline stage " + "/".join(map(str, counts)) + " (the run's uneven split)"])

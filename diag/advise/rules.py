@@ -17,7 +17,7 @@ from ..layout import stage_layer_counts
 from .propose import SPLIT_FLAGS, Context, Recommendation, ev
 from .calibrate import (IDLE_MIN, SHORT_KERNEL_US, WAITING_HOST_MIN, host_words, idle_waits_on_host,
                         median_kernel_us, shared_cores, waits_on_host, window_step, with_micro_batch)
-from .memory import zero_flags
+from .memory import run_split, zero_flags
 
 BUBBLE_MIN = 0.10          # measured bubble, fraction of the step
 DP_EXPOSED_MIN = 0.05      # exposed DP communication, fraction of the step
@@ -409,15 +409,12 @@ def _splits(layers: int, stages: int):
 
 
 def _run_split(ctx: Context, layers: int, stages: int) -> Optional[list[int]]:
-    """The measured run's layers per stage: its uneven split where the facts give one, else even;
-    None where neither adds up (facts that contradict the layer count)."""
-    f = ctx.d.facts
-    for first, last in ((f.decoder_first_pipeline_num_layers or 0, f.decoder_last_pipeline_num_layers or 0), (0, 0)):
-        try:
-            return stage_layer_counts(layers, stages, first, last)
-        except ValueError:
-            continue
-    return None
+    """The measured run's layers per stage: its uneven split where the facts give one that adds up
+    (memory.run_split), else even; None where the layers do not split evenly either."""
+    try:
+        return stage_layer_counts(layers, stages, *run_split(ctx.d.facts, stages)[0])
+    except ValueError:
+        return None
 
 
 def rebalance(ctx: Context) -> list[Recommendation]:
