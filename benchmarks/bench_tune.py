@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace  # noqa: E402
 from diag.advise.calibrate import calibrate  # noqa: E402
 from diag.advise import memory as mem  # noqa: E402
 from diag.advise.memory import human  # noqa: E402
-from diag.advise.propose import ev, rerun_command  # noqa: E402
+from diag.advise.propose import MIN_GAIN, ev, rerun_command  # noqa: E402
 from diag.advise.results import Recommendation  # noqa: E402
 from diag.advise.tune import TuneResult, confirm, measured_steps, tune  # noqa: E402
 from diag.report.advice import change_parts  # noqa: E402
@@ -74,10 +74,11 @@ CASES = {
 # where gloo's threads would reduce on the compute's cores, so the model hides none of the overlapped
 # all-reduce (calibrate.shared_cores) and the rule says "not proposed" with its +0.0%.
 # sequence_parallel: no rule proposes it alone; the recommender pairs it with a change that needs it to fit
-# memory (memory.fit_ladder), pricing its time as the all-reduce's (docs/model.md) and its activations / TP:
-# run alone here, so that both are checked.
+# memory (memory.fit_ladder), pricing its time (its collectives and the norms' gradient reductions:
+# model.sp_costs) and its activations: run alone here, so that both are checked.
 DECLINED = {"dp_overlap": ({"--overlap-grad-reduce": ""}, {"overlap_grad_reduce": True}, {}),
-            "sequence_parallel": ({"--sequence-parallel": ""}, {}, {"sequence_parallel": True})}
+            "sequence_parallel": ({"--sequence-parallel": ""}, {"sequence_parallel": True},
+                                  {"sequence_parallel": True})}
 DECLINED_WHY = {"sequence_parallel": "proposed only with a change that needs it to fit memory"}
 # Levers that need a device capacity to fire (on CPU there is none to read): GiB passed to diag tune.
 MEMORY_GIB = {"recompute": 1.0, "zero_down": 1.0}
@@ -164,7 +165,8 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     if res.applied.memory_after_bytes and res.memory_after:
         mem_err = res.applied.memory_after_bytes / res.memory_after - 1
     step_err = res.error                         # |predicted - measured| / |measured| change (goal: 25%)
-    if forced and res.predicted_change is not None and res.measured_change is not None:
+    near_zero = res.predicted_change is not None and abs(res.predicted_change) < MIN_GAIN
+    if forced and near_zero and res.measured_change is not None:
         # a change priced at ~0: a relative error means nothing; the points apart, against the noise
         apart = abs(res.predicted_change - res.measured_change)
         error = f"{100 * apart:.1f} pts" + (f" ({'within' if apart <= noise else 'outside'} the noise)" if noise else "")
@@ -177,7 +179,7 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     return Row([rule, _pct(res.predicted_change) + _runs(res.predicted_changes),
                 _pct(res.measured_change) + _runs(res.measured_changes), interval, _pct(noise), error,
                 _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title],
-               step_error=None if forced else step_err, memory_error=mem_err)
+               step_error=None if forced and near_zero else step_err, memory_error=mem_err)
 
 
 def declined_price(d, rule: str) -> tuple:

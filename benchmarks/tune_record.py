@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, _pct, declined_price  # noqa: E402
+from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, MIN_GAIN, _pct, declined_price  # noqa: E402
 from diag.advise.recommend import advise  # noqa: E402
 from diag.advise.tune import measured_peak_memory, measured_steps, median_interval, pair_changes, step_error  # noqa: E402
 from diag.analysis import diagnose  # noqa: E402
@@ -149,6 +149,12 @@ def reading_figures(pairs: list[Pair]) -> tuple[Optional[float], Optional[float]
     return pred, meas, step_error(pred, meas)
 
 
+def near_zero(lever: str, pred: float) -> bool:
+    """A declined lever (DECLINED) whose change is priced at ~0 (under MIN_GAIN): its relative error means
+    nothing, so it is read in points apart and left out of the goal."""
+    return lever in DECLINED and abs(pred) < MIN_GAIN
+
+
 def by_reading(levers: list[str], pairs: list[Pair]) -> list[str]:
     """A table of the readings (rows) by lever: each reading's median price / median measured change
     (step error), so that an hour's or a day's misses show as a row."""
@@ -159,7 +165,7 @@ def by_reading(levers: list[str], pairs: list[Pair]) -> list[str]:
         for lever in levers:
             pred, meas, e = reading_figures([p for p in pairs if p.reading == r and p.lever == lever])
             cells.append("-" if pred is None or meas is None else
-                         f"{_pct(pred)} / {_pct(meas)}" + ("" if e is None or lever in DECLINED else f" ({100 * e:.0f}%)"))
+                         f"{_pct(pred)} / {_pct(meas)}" + ("" if e is None or near_zero(lever, pred) else f" ({100 * e:.0f}%)"))
         lines.append(f"| {r} | " + " | ".join(cells) + " |")
     return lines
 
@@ -172,7 +178,7 @@ def lever_row(lever: str, pairs: list[Pair]) -> tuple[list[str], Optional[float]
         return [lever, str(len(readings)), str(len(changes)), *["-"] * 6], None
     pred, meas = float(median(prices)), float(median(changes))
     iv = median_interval(changes) if len(changes) > 1 else None
-    declined = lever in DECLINED
+    declined = near_zero(lever, pred)
     met = 0
     for r in readings:
         _, _, e = reading_figures([p for p in ok if p.reading == r])

@@ -102,6 +102,7 @@ class Setup:
     params: list
     optimizer: object
     grad_sync: GradSync
+    tp_latency_s: float | None = None     # a small TP all-reduce, timed at start (diag_run.json)
 
 
 def set_up(job: JobConfig) -> Setup:
@@ -122,7 +123,8 @@ def set_up(job: JobConfig) -> Setup:
                          1 if job.parallel.sharded else mesh.size("dp"),
                          job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
                          job.num_micro_batches, comm)
-    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync)
+    latency = run_metadata.tp_latency(mesh.mesh["tp"], runtime.cuda) if mesh.size("tp") > 1 else None
+    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync, latency)
 
 
 def train(job: JobConfig) -> list[float]:
@@ -138,7 +140,7 @@ def train(job: JobConfig) -> list[float]:
     if rank == 0:
         run_metadata.write(meta_path, run_metadata.build(job, backend=runtime.backend,
                                                          dtype=runtime.dtype_name,
-                                                         cuda=runtime.cuda))
+                                                         cuda=runtime.cuda, tp_latency_s=s.tp_latency_s))
     sampler = MetricsSampler(os.path.join(tel.out, f"metrics-rank-{rank}.jsonl"), rank,
                              tel.metrics_interval, prefer_gpu=runtime.cuda,
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
@@ -186,7 +188,8 @@ def train(job: JobConfig) -> list[float]:
     if rank == 0:  # the record again, with the largest measured peak and the untraced steps' time
         run_metadata.write(meta_path, run_metadata.build(
             job, backend=runtime.backend, dtype=runtime.dtype_name, cuda=runtime.cuda,
-            peak_memory_bytes=steps.peak, untraced_step_s=steps.untraced_median(tel.traced_steps)))
+            peak_memory_bytes=steps.peak, untraced_step_s=steps.untraced_median(tel.traced_steps),
+            tp_latency_s=s.tp_latency_s))
     dist.barrier()
     dist.destroy_process_group()
     return steps.losses

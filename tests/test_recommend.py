@@ -539,17 +539,33 @@ def test_idle_between_long_kernels_is_said_as_waiting_on_the_host_not_launches()
         assert "tokens/s" not in text and f"(threshold {100 * idle.threshold:.1f}%)" in text
 
 
-def test_a_change_paired_with_sequence_parallelism_says_its_time_is_not_measured(tmp_path):
+def test_a_change_paired_with_sequence_parallelism_is_priced_with_it(tmp_path):
     """The CPU sample on a 6 MiB device: interleaving fits only with sequence parallelism (torch's DTensor
-    plan, what the trainer runs: its saving counted as that plan keeps it) and ZeRO-1; its assumptions say
-    that SP's time was priced as the all-reduces it replaces, and what the closed loop measured."""
-    from diag.advise.propose import SP_TIME
+    plan, what the trainer runs: its saving counted as that plan keeps it) and ZeRO-1, and its step is
+    priced with both (model.sp_costs). Over gloo, the run's backend, SP's reduce-scatters run as whole
+    all-reduces and its norm reductions pay the run's small TP call: interleaving is then no faster, so
+    it is dropped, and said so; without SP's price it would have been proposed. Over NCCL it is kept, at
+    the model's price of the layout with SP and ZeRO-1, saying how SP was priced."""
+    from diag.advise.propose import MIN_GAIN, SP_TIME
     out = tmp_path / "d.json"
     r = CliRunner().invoke(main, ["analyze", "sample_traces/tp2_pp2_dp2", "--format", "json", "-o", str(out),
                                   "--memory-per-gpu", "0.006"])
     assert r.exit_code == 0, r.output
-    recs = {x["rule"]: x for x in json.loads(out.read_text())["recommendations"]}
-    il = recs["interleave"]
-    assert il["title"].endswith("with sequence parallelism and ZeRO-1 to fit")
-    assert il["flags"]["--sequence-parallel"] == "" and SP_TIME in il["assumptions"]
+    doc = json.loads(out.read_text())
+    recs = {x["rule"]: x for x in doc["recommendations"]}
+    assert "interleave" not in recs
+    assert ("dropped, does not fit: interleaved 1F1B with 2 virtual stages per rank (1 layer each), with sequence "
+            "parallelism and ZeRO-1 to fit: with sequence parallelism and ZeRO-1 it is no longer faster"
+            in doc["advice_basis"]["calibration"])
     assert SP_TIME not in recs["tp_layout"]["assumptions"]          # TP 1: no SP to add
+    d = diagnose(load_job("sample_traces/tp2_pp2_dp2"), shape={"memory_per_gpu_bytes": int(0.006 * 2**30)})
+    cal = calibrate(d)
+    il = replace(cal.config, schedule="interleaved", virtual_stages=2, zero=1)
+    assert cal.predict(il) < cal.measured_step_s * (1 - MIN_GAIN)     # proposed, were SP free
+    assert cal.predict(replace(il, sequence_parallel=True)) > cal.measured_step_s * (1 - MIN_GAIN)
+    d.facts = msgspec.structs.replace(d.facts, backend="nccl")
+    nccl = with_advice(d)
+    rec = next(x for x in nccl.recommendations if x.rule == "interleave")
+    assert rec.title.endswith("with sequence parallelism and ZeRO-1 to fit")
+    assert rec.flags["--sequence-parallel"] == "" and SP_TIME in rec.assumptions
+    assert rec.step_s_after == pytest.approx(calibrate(d).predict(replace(il, sequence_parallel=True)), rel=1e-9)

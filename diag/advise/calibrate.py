@@ -49,6 +49,16 @@ SPLIT_BACKWARD_EXTRA = 0.14
 # forward and backward) at h 4096-8192, where queued kernels hide it. Measured on an H200, torch 2.11, bf16
 # (benchmarks/split_backward.py; benchmarks/README.md).
 SPLIT_BACKWARD_HOST_S = 1.45e-3
+# Sequence parallelism switched on (model.sp_costs). Its all-gather and reduce-scatter against the all-reduce
+# they replace, at the same bytes: NCCL's ring moves (n-1)/n S in each, 2(n-1)/n S in the all-reduce (1);
+# gloo's reduce-scatter runs a whole all-reduce (ProcessGroupGloo), so it pays an all-gather more: 1.5
+# (2 ranks here: 1 MiB all-reduce 1.9-3.1 ms, reduce-scatter 1.9-3.2, all-gather 1.1-1.5; benchmarks/README.md).
+SP_TP_FACTOR = {"gloo": 1.5, "nccl": 1.0, "rccl": 1.0}
+SMALL_CALL_BYTES = 64 * 1024   # a TP collective this small or smaller costs its latency: the norms' reductions'
+# The norms' gradients SP leaves partial over TP. torch's DTensor reduces a partial gradient each time an op
+# reads it, and AdamW reads each three times (lerp_ once, addcmul_(grad, grad) twice): the trainer's TP 2 run
+# made 54 such calls a step for its 18 norm parameters. Megatron-LM reduces them all in one coalesced call.
+ADAMW_GRAD_READS = 3
 IDLE_MIN = 0.10            # GPU (or host) idle, fraction of the step
 SHORT_KERNEL_US = 50.0     # median compute kernel shorter than this: launch-bound on GPU
 WAITING_HOST_MIN = 0.30    # with longer kernels, idle above this share: the GPU waits on the host
@@ -672,6 +682,52 @@ def host_words(f) -> str:
             f"host's {f.host_cpus} core{'s' * (f.host_cpus > 1)}")
 
 
+def small_tp_call(d: Diagnosis) -> tuple[Optional[float], str]:
+    """(seconds, where from) of one small all-reduce over the TP group, which costs its latency: the run's
+    own TP collectives of SMALL_CALL_BYTES or fewer (the median call's transfer, matched across the group),
+    else facts.tp_latency_s (the trainer times a few partial DTensors' at its start); (None, what would make
+    it known)."""
+    small = [o for o in (d.comm.ops if d.comm else []) if o.axis == "tp" and o.busbw_basis == "transfer"
+             and o.median_bytes and o.median_bytes <= SMALL_CALL_BYTES and o.busbw_median_gbps and o.group_size]
+    if small:
+        o = min(small, key=lambda o: o.median_bytes)
+        coll = Coll.ALL_REDUCE if o.op == "all_reduce" else Coll.ALL_GATHER
+        secs = o.median_bytes * bus_factor(coll, o.group_size) / (o.busbw_median_gbps * 1e9)
+        return secs, f"the run's TP {o.op} of {o.median_bytes / 1024:.3g} KiB (median call, matched)"
+    if d.facts.tp_latency_s:
+        return float(d.facts.tp_latency_s), "a small TP reduction timed at the run's start (diag_run.json)"
+    return None, (f"unknown: the run has no TP collective of {SMALL_CALL_BYTES // 1024} KiB or less, and no "
+                  "tp_latency_s in diag_run.json (the instrumented trainer times one at its start)")
+
+
+def _sp_switch(d: Diagnosis, meta: RunFacts, tp: int, notes: list) -> dict:
+    """Workload fields pricing a switch to sequence parallelism (model.sp_costs), said in a note; {} where
+    the run had it (its measured link and step hold it) or has no TP."""
+    if meta.sequence_parallel or tp < 2:
+        return {"sequence_parallel": bool(meta.sequence_parallel)}
+    backend = (meta.backend or d.backend or "").lower() or None
+    factor = SP_TP_FACTOR.get(backend, 1.0)
+    call, source = small_tp_call(d)
+    megatron = meta.sequence_parallel_kind == "megatron"
+    per_norm = 1 if meta.swiglu else 2          # RMSNorm (weight) with SwiGLU models, else LayerNorm (+ bias)
+    reads = 1 if megatron else ADAMW_GRAD_READS
+    out = {"sp_tp_factor": factor, "sp_sync_call_s": call or 0.0,
+           "sp_sync_calls_per_stage": 1.0 if megatron else 0.0,
+           "sp_sync_calls_per_layer": 0.0 if megatron else 2.0 * per_norm * reads,
+           "sp_sync_calls_last_stage": 0.0 if megatron else float(per_norm * reads)}
+    how = ("its all-gathers and reduce-scatters priced as the all-reduces they replace (the same bytes on "
+           f"{backend or 'an unknown backend'}'s ring)" if factor == 1.0 else
+           f"its all-gathers and reduce-scatters priced at {factor:g}x the all-reduces they replace ({backend}'s "
+           "reduce-scatter runs a whole all-reduce)")
+    norms = ("Megatron-LM's one coalesced reduction of the norms' gradients a stage" if megatron else
+             f"{2 * per_norm * reads} reductions of the norms' gradients a layer ({2 * per_norm} norm parameters, "
+             f"{'RMSNorm' if per_norm == 1 else 'LayerNorm'}, each gradient left partial over TP and reduced each "
+             f"of the {reads} times AdamW reads it, as torch's DTensor does)")
+    notes.append(f"sequence parallelism, where switched on: {how}; {norms}, "
+                 + (f"{call * 1e3:.3g} ms each, from {source}" if call else f"not priced: their time is {source}"))
+    return out
+
+
 def calibrate(d: Diagnosis) -> Calibration:
     meta = d.facts
     tp, pp, cp = int(meta.tp or 1), int(meta.pp or (d.pipeline.p if d.pipeline else 1)), int(meta.cp or 1)
@@ -762,7 +818,8 @@ def calibrate(d: Diagnosis) -> Calibration:
     c = Config(tp=tp, pp=pp, dp=dp, num_micro_batches=m, micro_batch_size=mbs,
                **sched,
                overlap_grad_reduce=bool(meta.overlap_grad_reduce),
-               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp)
+               bucket_bytes=4.0 * float(meta.ddp_bucket_size or 1e7), zero=zero, cp=cp,
+               sequence_parallel=bool(meta.sequence_parallel) and tp > 1)
     w = Workload(num_layers=layers, fwd_s_per_layer=fwd, bwd_ratio=BWD_RATIO, tp_bytes_per_layer=act,
                  cp_bytes_per_layer=cp_bytes, cp_grad_bytes_per_layer=cp_grad_bytes,
                  p2p_bytes=act, grad_bytes=grad, launch_overhead_s=launch, action_host_s=action, post_host_s=post,
@@ -772,7 +829,8 @@ def calibrate(d: Diagnosis) -> Calibration:
                  fsdp_optimizer_s_per_layer=fsdp_opt, blocking_gathers=host_timeline,
                  weight_share=_weight_share(d, notes if pp > 1 else []), shared_cores=bool(shared_cores(d)),
                  split_backward_extra=extra,
-                 split_backward_host_s=SPLIT_BACKWARD_HOST_S if waits_on_host(d) else 0.0)
+                 split_backward_host_s=SPLIT_BACKWARD_HOST_S if waits_on_host(d) else 0.0,
+                 **_sp_switch(d, meta, tp, notes))
     if w.shared_cores and c.grad_ranks > 1:
         notes.append(f"{host_words(meta)} (the run's facts): gloo's threads run the collectives on the compute's "
                      "cores, so a DP reduction overlapped with backward is priced as if it were not (no idle core "

@@ -99,6 +99,18 @@ class Workload:
     split_backward_host_s: float = 0.0  # zero bubble on a GPU: the host seconds torch's split backward adds a layer
                                         # and micro-batch on such a stage, where the GPU waits on the host
                                         # (calibrate.SPLIT_BACKWARD_HOST_S); 0 where kernels hide it
+    # sequence parallelism (docs/model.md). A run that had it paid its collectives and its norms' gradient
+    # reductions in what was measured; one switched to it (Config.sequence_parallel) pays them on top:
+    sequence_parallel: bool = False  # the measured run had sequence parallelism
+    sp_tp_factor: float = 1.0       # its all-gather and reduce-scatter against the all-reduce they replace, the
+                                    # same bytes: 1 on NCCL's ring; 1.5 on gloo, whose reduce-scatter runs a
+                                    # whole all-reduce (calibrate.SP_TP_FACTOR)
+    sp_sync_call_s: float = 0.0     # one reduction of the norms' gradients, which SP leaves partial over TP: a
+                                    # small TP all-reduce, latency-bound (calibrate); 0 where unknown
+    sp_sync_calls_per_layer: float = 0.0   # such calls a step per layer (torch's DTensor: one per norm parameter
+                                           # each time the optimizer reads its gradient)
+    sp_sync_calls_per_stage: float = 0.0   # and per stage (Megatron-LM: its one coalesced all-reduce)
+    sp_sync_calls_last_stage: float = 0.0  # and on the last stage only (the final norm's, under DTensor)
     shared_cores: bool = False      # the ranks' compute threads take every core of their host and gloo runs
                                     # the collectives on those cores (a CPU run, diag_run.json's host facts):
                                     # a DP reduction overlapped with backward takes its time from the compute,
@@ -111,13 +123,16 @@ class Workload:
             raise ValueError("fwd_s_per_layer and bwd_ratio must be > 0")
         for name in ("tp_bytes_per_layer", "cp_bytes_per_layer", "cp_grad_bytes_per_layer", "p2p_bytes", "grad_bytes", "optimizer_s", "launch_overhead_s", "action_host_s", "post_host_s",
                      "host_fixed_s_per_layer", "dtensor_s_per_layer", "fsdp_s_per_layer",
-                     "fsdp_optimizer_s_per_layer", "param_bytes", "split_backward_extra", "split_backward_host_s"):
+                     "fsdp_optimizer_s_per_layer", "param_bytes", "split_backward_extra", "split_backward_host_s",
+                     "sp_sync_call_s", "sp_sync_calls_per_layer", "sp_sync_calls_per_stage", "sp_sync_calls_last_stage"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 < self.weight_share < 1:
             raise ValueError(f"weight_share must be in (0, 1), got {self.weight_share!r}")
         if self.recompute not in ("none", "full"):
             raise ValueError(f"recompute must be 'none' or 'full', got {self.recompute!r}")
+        if not self.sp_tp_factor >= 1:
+            raise ValueError(f"sp_tp_factor must be >= 1, got {self.sp_tp_factor!r}")
 
 
 @record(frozen=True)
@@ -137,6 +152,7 @@ class Config:
                                     # scatter + parameter all-gather, 3 per-layer all-gathers (FSDP)
     cp: int = 1                     # context parallel: the sequence split cp ways (--context-parallel-size);
                                     # gradients reduced over dp x cp ranks
+    sequence_parallel: bool = False  # --sequence-parallel: priced where the measured run had none (Workload)
 
     @property
     def grad_ranks(self) -> int:
@@ -244,6 +260,19 @@ def host_fixed_s(w: Workload, c: Config, zero: int) -> tuple[float, float]:
     return fixed / (1 + w.bwd_ratio), fixed * w.bwd_ratio / (1 + w.bwd_ratio)
 
 
+def sp_costs(w: Workload, c: Config, layers: int, stage: int) -> tuple[float, float]:
+    """What switching to sequence parallelism (c.sequence_parallel, where the measured run had none) costs
+    a rank of `stage` with `layers` layers: (the factor on each TP all-reduce's time, now an all-gather and a
+    reduce-scatter of the same bytes; seconds a step reducing the norms' gradients, which SP leaves partial
+    over TP, before the optimizer uses them). (1, 0) at TP 1, without the switch, or for a run that had it
+    (its measured TP link and step hold both)."""
+    if not (c.sequence_parallel and not w.sequence_parallel and c.tp > 1):
+        return 1.0, 0.0
+    calls = (w.sp_sync_calls_per_layer * layers + w.sp_sync_calls_per_stage
+             + (w.sp_sync_calls_last_stage if stage == c.pp - 1 else 0.0))
+    return w.sp_tp_factor, calls * w.sp_sync_call_s
+
+
 def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, stage: int = 0) -> StageCosts:
     """One rank's costs. CP c splits the sequence: compute, the TP all-reduces and the pipeline
     messages are 1/c per rank; each layer all-gathers K and V over the CP group (cp_s) and, in backward,
@@ -266,15 +295,16 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
     ag_stage = _even(param_layer * layers) if zero in (1, 2) else 0
     ag_layer, rs_layer = (_even(param_layer), _even(grad_layer)) if zero >= 3 else (0, 0)
     gather = (lambda b: gather_s(b, n_grad, links.dp, links.latency_s + links.dp_latency_s) if b else 0.0)
+    sp_tp, sp_sync = sp_costs(w, c, layers, stage)
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
         bwd_half_s=(f * w.bwd_ratio * split + hb + split_host) / 2 + w.launch_overhead_s,
         recompute_s=f + hf + 2 * w.launch_overhead_s if w.recompute == "full" else 0.0,   # a forward: 2 kernels
-        tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s), tp_bytes=tp_bytes,
+        tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s) * sp_tp, tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,
         buckets=dp_buckets(layers, grad_layer, c, links),
         optimizer_s=w.optimizer_s / c.optimizer_ranks
-        + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0), overlap_dp=c.overlap_grad_reduce and not w.shared_cores, tp=c.tp,
+        + (w.fsdp_optimizer_s_per_layer * layers if zero >= FSDP_MIN_ZERO else 0.0) + sp_sync, overlap_dp=c.overlap_grad_reduce and not w.shared_cores, tp=c.tp,
         chunks=c.virtual_stages, weight_share=w.weight_share, zero=zero, blocking_gathers=w.blocking_gathers, param_ag_s=gather(ag_stage), param_ag_bytes=ag_stage,
         layer_ag_s=gather(ag_layer), layer_ag_bytes=ag_layer, layer_rs_s=gather(rs_layer), layer_rs_bytes=rs_layer,
         cp=c.cp, cp_s=gather_s(cp_bytes, c.cp, links.cp, links.latency_s), cp_bytes=cp_bytes,

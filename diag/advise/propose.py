@@ -22,9 +22,9 @@ MIN_GAIN = 0.02            # a change the model prices under 2% of the step is n
 # Megatron-LM's uneven split of the layers (the trainer's too): the first and last stage's own counts
 SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 # what the step-time model takes sequence parallelism to cost, and what the closed loop measured
-SP_TIME = ("sequence parallelism's time priced as the all-reduces it replaces (its all-gathers and reduce-scatters "
-           "move the same bytes); on the trainer's CPU job over gloo it measured +29% of the step (torch's DTensor "
-           "redistributions; benchmarks/README.md), so check it on the job's own devices")
+SP_TIME = ("sequence parallelism's time priced as its all-gathers and reduce-scatters on the run's TP link and its "
+           "reductions of the norms' gradients (calibration notes); DTensor's own host time for its extra "
+           "redistributions is not priced")
 PREFER_SHARE = 0.8         # with `prefer`, the smallest change within 80% of the best predicted gain
 
 
@@ -119,19 +119,21 @@ class Context:
 
     def _reprice(self, rec: Recommendation, config: Optional[Config], workload, before: mem.MemoryConfig,
                  fit: mem.MemoryConfig) -> bool:
-        """The step with the levers that make it fit priced: ZeRO's traffic (model.py) and full
-        recompute's extra forward; sequence parallelism and selective recompute move what they
-        moved before (docs/model.md). False if it is no longer a gain."""
+        """The step with the levers that make it fit priced: ZeRO's traffic (model.py), full recompute's
+        extra forward and sequence parallelism's collectives and norm reductions (model.sp_costs); selective
+        recompute moves what it moved before (docs/model.md). False if it is no longer a gain."""
         zero, full = fit.zero != before.zero, fit.recompute == "full" and before.recompute != "full"
-        if fit.sequence_parallel and not before.sequence_parallel:
+        sp = fit.sequence_parallel and not before.sequence_parallel
+        if sp:
             rec.assumptions.append(SP_TIME)
-        if not (zero or full):
+        if not (zero or full or sp):
             return True
         if self.cal is None or config is None or not self.step_s:
-            rec.assumptions.append("the fitting levers' cost (ZeRO traffic, recompute) is not priced in the step time")
+            rec.assumptions.append("the fitting levers' cost (ZeRO traffic, recompute, sequence parallelism) is not priced in the step time")
             return True
         w = workload or self.cal.workload
-        rec.step_s_after = self.cal.predict(replace(config, zero=fit.zero) if zero else config,
+        rec.step_s_after = self.cal.predict(replace(config, zero=fit.zero if zero else config.zero,
+                                                    sequence_parallel=config.sequence_parallel or sp),
                                             replace(w, recompute="full") if full else w)
         tokens = self.cal.tokens_per_step
         rec.tokens_per_s_after = tokens / rec.step_s_after if tokens else None

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import statistics
+import time
 
 import torch
 
@@ -50,8 +52,40 @@ def host_facts(world_size: int) -> dict:
     return {"host_cpus": cpus or None, "ranks_per_host": ranks or None, "threads_per_rank": torch.get_num_threads()}
 
 
+LATENCY_WARMUP, LATENCY_CALLS = 5, 15
+LATENCY_ELEMENTS = 256           # 1 KiB of fp32: a message that costs its latency, as a norm's gradient does
+
+
+def tp_latency(tp_mesh, cuda: bool) -> float | None:
+    """The median time to reduce a small partial DTensor over this rank's TP mesh (every TP rank calls
+    it, at start-up, before the profiler): the path each of sequence parallelism's norm-gradient
+    reductions takes (torch's DTensor leaves them Partial and reduces them where the optimizer reads
+    them), with DTensor's own host time, which a bare all-reduce of the same bytes leaves out (on the
+    trainer's 2-rank CPU job: 0.7-1.1 ms against 0.4-0.5 ms), and which the run's own TP collectives (a
+    micro-batch's activations) do not show. None at TP 1, or when it fails (a warning, and training goes on)."""
+    if tp_mesh is None or tp_mesh.size() < 2:
+        return None
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    with guard("TP latency probe"):
+        x = torch.zeros(LATENCY_ELEMENTS, device=tp_mesh.device_type)
+        times = []
+        for i in range(LATENCY_WARMUP + LATENCY_CALLS):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            DTensor.from_local(x, tp_mesh, [Partial()]).redistribute(tp_mesh, [Replicate()]).to_local()
+            if cuda:
+                torch.cuda.synchronize()
+            if i >= LATENCY_WARMUP:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    return None
+
+
 def build(job, *, backend: str, dtype: str, cuda: bool,
-          peak_memory_bytes: int | None = None, untraced_step_s: float | None = None) -> RunFacts:
+          peak_memory_bytes: int | None = None, untraced_step_s: float | None = None,
+          tp_latency_s: float | None = None) -> RunFacts:
     """The metadata record of a run; `peak_memory_bytes`: the largest measured step peak of any
     rank, `untraced_step_s`: the median step outside the profiler's steps (both written again at
     the end of the run, when they are known)."""
@@ -69,7 +103,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         ffn_hidden_size=m.ffn_hidden_size, parameter_count=m.parameter_count(),
         dtype=dtype, device="cuda" if cuda else "cpu", device_name=name,
         peak_flops=peak_flops(name, dtype) if cuda else None,
-        **host_facts(grid.world_size),
+        **host_facts(grid.world_size), tp_latency_s=tp_latency_s,
         # the schedule asked for: 1F1B with fewer micro-batches than stages runs as GPipe (torch's 1F1B
         # refuses it), the order Megatron-LM's 1F1B has then and diag's 1F1B model gives, and a change to
         # m >= p (diag's bubble lever) re-runs 1F1B: what diag predicts for it must be 1F1B's memory

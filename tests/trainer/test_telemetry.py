@@ -68,6 +68,8 @@ def test_profiled_run_writes_logs_and_metadata(profiled_run, reference_losses):
     # the host's cores as rank 0 sees them (its affinity), the 8 local ranks, one intra-op thread each
     assert (meta["host_cpus"], meta["ranks_per_host"], meta["threads_per_rank"]) == \
         (len(os.sched_getaffinity(0)), 8, 1)
+    # a small partial DTensor reduced over rank 0's TP mesh at start-up (sequence parallelism's price)
+    assert 0 < meta["tp_latency_s"] < 60
     for rank in range(8):
         comm = [json.loads(x) for x in
                 (profiled_run.out / f"comm-rank-{rank}.jsonl").read_text().splitlines()]
