@@ -84,3 +84,21 @@ def test_dp_buckets_below_the_curves_plateau_get_a_recommendation():
     for plateau in (1024, 64 << 20):
         other = with_advice(diagnose(load_job(sample), bench=parse_bench(rising_curve("dp", "all_reduce", plateau, 1.0))))
         assert not [r for r in other.recommendations if r.rule == "dp_bucket_curve"], plateau
+
+
+def test_tune_sets_each_run_against_the_curve_it_is_given(tmp_path):
+    """`diag tune --bench`: the runs it makes are analysed against the curve (the dp_bucket_curve rule needs
+    one), as `diag analyze --bench` analyses a run; a bad curve stops it before any run, naming the file."""
+    from click.testing import CliRunner
+    from diag.advise.tune import analyse
+    from diag.cli import main
+
+    d = analyse(SAMPLE, bench=parse_bench(curve_doc({("dp", "all_reduce"): 0.5})))
+    dp = [o for o in d.comm.ops if o.axis == "dp" and o.busbw_median_gbps is not None]
+    assert dp and all(o.achievable_gbps == pytest.approx(0.5) for o in dp)
+    assert all(o.achievable_gbps is None for o in analyse(SAMPLE).comm.ops)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something else"}')
+    r = CliRunner().invoke(main, ["tune", "--out", str(tmp_path / "runs"), "--bench", str(bad), "--", "--nproc", "1"])
+    assert r.exit_code == 2 and str(bad) in r.output and "not a collbench result" in r.output
+    assert not (tmp_path / "runs").exists()

@@ -141,13 +141,18 @@ def _train(argv: list[str], timeout: float) -> None:
         raise TuneError(f"trainer exited {p.returncode}: {tail} ({shlex.join(argv)})")
 
 
+def analyse(out: str, shape: Optional[dict] = None, bench=None) -> Diagnosis:
+    """A run's diagnosis, with `shape`'s facts over the run's (e.g. memory_per_gpu_bytes) and `bench`, a
+    `diag bench` busbw curve (analysis.benchcurve), to set its collectives against (dp_bucket_curve)."""
+    return diagnose(load_summaries(out), shape=shape, bench=bench)
+
+
 def run(command: str, out: str, python: str = sys.executable, timeout: float = 600,
-        shape: Optional[dict] = None) -> Run:
-    """One profiled run, analysed (with `shape`'s facts over the run's, e.g. memory_per_gpu_bytes);
-    its unprofiled steps measured."""
+        shape: Optional[dict] = None, bench=None) -> Run:
+    """One profiled run, analysed (analyse); its unprofiled steps measured."""
     argv = _argv(command, out, python)
     _train(argv, timeout)
-    d = diagnose(load_summaries(out), shape=shape)
+    d = analyse(out, shape, bench)
     steps = measured_steps(out, d.run)
     if not steps:
         raise TuneError(f"{out}: no step outside the profiler window to measure: raise --train-iters")
@@ -227,11 +232,11 @@ def _pair_said(say, n: int, before: list, after: list, seconds: Optional[float],
 
 
 def repeat(r: Run, runs: list, traced: list, out: str, python: str, timeout: float,
-           shape: Optional[dict] = None) -> Diagnosis:
+           shape: Optional[dict] = None, bench=None) -> Diagnosis:
     """Run r's command again (profiled, as the diagnosed run); add its unprofiled step times (one
-    more list in runs) and its traced ones; its diagnosis (with `shape`'s facts)."""
+    more list in runs) and its traced ones; its diagnosis (analyse)."""
     _train(_argv(r.command, out, python), timeout)
-    d = diagnose(load_summaries(out), shape=shape)
+    d = analyse(out, shape, bench)
     runs.append(measured_steps(out, d.run))
     traced += [s.host_s for x in d.ranks for s in x.steps]
     r.runs += 1
@@ -267,10 +272,12 @@ def measured_peak_memory(out: str, d: Diagnosis) -> Optional[float]:
 
 def tune(command: str, out_dir: str, python: str = sys.executable, timeout: float = 600,
          repeats: int = 2, rule: Optional[str] = None, memory_per_gpu: Optional[float] = None,
-         max_repeats: Optional[int] = None, max_minutes: Optional[float] = None, say=None) -> TuneResult:
+         max_repeats: Optional[int] = None, max_minutes: Optional[float] = None, say=None,
+         bench=None) -> TuneResult:
     """Run `command` (a trainer command line), apply its top runnable recommendation (or the one of
     `rule`), re-run, compare. memory_per_gpu (bytes): the device capacity the recommender checks
-    changes against (on CPU there is none to read).
+    changes against (on CPU there is none to read). bench: a `diag bench` curve (analysis.benchcurve)
+    every run's collectives are set against (the dp_bucket_curve rule needs one).
 
     repeats > 1: both configurations are run again, alternately (profiled as the first runs; their
     unprofiled steps measured), so that a change in the machine's load between runs does not pass
@@ -284,7 +291,7 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
     say = say or (lambda _: None)
     shape = {"memory_per_gpu_bytes": int(memory_per_gpu)} if memory_per_gpu else None
     t = time.monotonic()
-    before = run(command, os.path.join(out_dir, "before"), python, timeout, shape)
+    before = run(command, os.path.join(out_dir, "before"), python, timeout, shape, bench)
     say(f"before: {1e3 * before.step_s:.1f} ms a step ({time.monotonic() - t:.0f} s): {before.out}")
     advice = advise(before.diagnosis)
     recs = [r for r in advice.recommendations if r.command and r.runnable and (rule is None or r.rule == rule)]
@@ -295,21 +302,21 @@ def tune(command: str, out_dir: str, python: str = sys.executable, timeout: floa
                           "".join(f"; {n}" for n in declined))
     say(f"applying: {recs[0].title} [{recs[0].rule}]")
     return confirm(before, recs[0], out_dir, python, timeout, repeats, shape, max_repeats=max_repeats,
-                   max_minutes=max_minutes, say=say)
+                   max_minutes=max_minutes, say=say, bench=bench)
 
 
 def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.executable, timeout: float = 600,
             repeats: int = 2, shape: Optional[dict] = None, price=None, max_repeats: Optional[int] = None,
-            max_minutes: Optional[float] = None, say=None) -> TuneResult:
+            max_minutes: Optional[float] = None, say=None, bench=None) -> TuneResult:
     """Run `rec`'s command after `before` (its repeats alternating with before's), compare. `price`
     (diagnosis -> change or None): how a repeat of `before` prices the change (price_again).
     max_repeats: pairs past `repeats` while the pairs' changes have not settled (settled);
     max_minutes: and while one more pair (as long as the median repeated pair so far; before one,
     twice the "after" run) keeps them within that many minutes of the "after" run's start.
-    say: as tune's."""
+    say, bench: as tune's."""
     say = say or (lambda _: None)
     start = time.monotonic()
-    after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape)
+    after = run(rec.command, os.path.join(out_dir, "after"), python, timeout, shape, bench)
     pairs_s: list = []                                    # the repeats' pairs, timed
     first_pair_s = 2 * (time.monotonic() - start)         # a pair's time until one is: twice the "after" run
     tb = [measured_steps(before.out, before.diagnosis.run)]
@@ -325,12 +332,12 @@ def confirm(before: Run, rec: Recommendation, out_dir: str, python: str = sys.ex
             if stopped:
                 break
         t = time.monotonic()
-        again = repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout, shape)
+        again = repeat(before, tb, xb, os.path.join(out_dir, f"before-{i}"), python, timeout, shape, bench)
         try:
             predicted.append(price(again) if price is not None else price_again(again, rec))
         except Exception:                    # noqa: BLE001 - a repeat that cannot price loses its price only
             predicted.append(None)
-        repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout)
+        repeat(after, ta, xa, os.path.join(out_dir, f"after-{i}"), python, timeout, bench=bench)
         pairs_s.append(time.monotonic() - t)
         _pair_said(say, i + 1, tb, ta, pairs_s[-1], os.path.join(out_dir, f"after-{i}"))
     changes = pair_changes(tb, ta)

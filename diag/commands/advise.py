@@ -81,9 +81,12 @@ def compare(a: str, b: str, fmt: str, output, force: bool) -> None:
 @click.option("--rule", default=None, help="Apply this rule's recommendation (e.g. micro_batch), not the top one.")
 @click.option("--memory-per-gpu", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Device memory in GiB the recommendations must fit (on CPU runs there is none to read).")
+@click.option("--bench", "bench_path", type=click.Path(dir_okay=False), default=None,
+              help="A `diag bench` result every run's collectives are set against (the DP bucket rule, "
+                   "dp_bucket_curve, needs one).")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def tune(out_dir: str, repeats: int, max_repeats, max_minutes, timeout: float, rule, memory_per_gpu,
-         trainer_args) -> None:
+         bench_path, trainer_args) -> None:
     """Run the trainer with TRAINER_ARGS, apply the top recommendation, re-run, print predicted vs measured.
 
     Example: diag tune --out runs/tune -- --nproc 2 --pipeline-model-parallel-size 2
@@ -93,6 +96,8 @@ def tune(out_dir: str, repeats: int, max_repeats, max_minutes, timeout: float, r
 
     from ..report.advice import render_tune
     from ..advise.tune import TuneError, tune as run_tune
+    from ..analysis.benchcurve import load_bench
+    from ..trace.errors import TraceError
 
     if not trainer_args:
         _fail("tune: give the trainer's flags after --, e.g. diag tune -- --nproc 2 --pipeline-model-parallel-size 2")
@@ -102,9 +107,13 @@ def tune(out_dir: str, repeats: int, max_repeats, max_minutes, timeout: float, r
         _fail(f"tune: --max-repeats {max_repeats} is under --repeats {repeats}")
     command = shlex.join(["python", "-m", "instrumented_trainer", *trainer_args])
     try:
+        bench = load_bench(bench_path) if bench_path else None
+    except TraceError as e:
+        _fail(f"tune: --bench {e}")
+    try:
         res = run_tune(command, out_dir, timeout=timeout, repeats=repeats, rule=rule, max_repeats=max_repeats,
                        max_minutes=max_minutes, say=lambda m: click.echo(f"diag tune: {m}", err=True),
-                       memory_per_gpu=memory_per_gpu * (1 << 30) if memory_per_gpu else None)
+                       memory_per_gpu=memory_per_gpu * (1 << 30) if memory_per_gpu else None, bench=bench)
     except TuneError as e:
         _fail(str(e), 1)
     click.echo(render_tune(res), nl=False)
