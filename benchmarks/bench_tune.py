@@ -80,6 +80,13 @@ DECLINED = {"dp_overlap": ({"--overlap-grad-reduce": ""}, {"overlap_grad_reduce"
             "sequence_parallel": ({"--sequence-parallel": ""}, {"sequence_parallel": True},
                                   {"sequence_parallel": True})}
 DECLINED_WHY = {"sequence_parallel": "proposed only with a change that needs it to fit memory"}
+
+
+def near_zero(lever: str, pred: Optional[float]) -> bool:
+    """A declined lever (DECLINED) whose change is priced at ~0 (under MIN_GAIN): its relative error means
+    nothing, so it is read in points apart and left out of the goal."""
+    return lever in DECLINED and pred is not None and abs(pred) < MIN_GAIN
+
 # Levers that need a device capacity to fire (on CPU there is none to read): GiB passed to diag tune.
 MEMORY_GIB = {"recompute": 1.0, "zero_down": 1.0}
 
@@ -165,8 +172,8 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     if res.applied.memory_after_bytes and res.memory_after:
         mem_err = res.applied.memory_after_bytes / res.memory_after - 1
     step_err = res.error                         # |predicted - measured| / |measured| change (goal: 25%)
-    near_zero = res.predicted_change is not None and abs(res.predicted_change) < MIN_GAIN
-    if forced and near_zero and res.measured_change is not None:
+    at_zero = forced and near_zero(rule, res.predicted_change)
+    if at_zero and res.measured_change is not None:
         # a change priced at ~0: a relative error means nothing; the points apart, against the noise
         apart = abs(res.predicted_change - res.measured_change)
         error = f"{100 * apart:.1f} pts" + (f" ({'within' if apart <= noise else 'outside'} the noise)" if noise else "")
@@ -179,7 +186,7 @@ def row(rule: str, flags: str, out: str, repeats: int, model: str = SMALL, gpu: 
     return Row([rule, _pct(res.predicted_change) + _runs(res.predicted_changes),
                 _pct(res.measured_change) + _runs(res.measured_changes), interval, _pct(noise), error,
                 _mem(res.applied.memory_after_bytes), _mem(res.memory_after), _pct(mem_err), res.applied.title],
-               step_error=None if forced and near_zero else step_err, memory_error=mem_err)
+               step_error=None if at_zero else step_err, memory_error=mem_err)
 
 
 def declined_price(d, rule: str) -> tuple:

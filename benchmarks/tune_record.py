@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, MIN_GAIN, _pct, declined_price  # noqa: E402
+from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, _pct, declined_price, near_zero  # noqa: E402
 from diag.advise.recommend import advise  # noqa: E402
 from diag.advise.tune import measured_peak_memory, measured_steps, median_interval, pair_changes, step_error  # noqa: E402
 from diag.analysis import diagnose  # noqa: E402
@@ -147,12 +147,6 @@ def reading_figures(pairs: list[Pair]) -> tuple[Optional[float], Optional[float]
     pred = float(median(prices)) if prices else None
     meas = float(median(changes)) if changes else None
     return pred, meas, step_error(pred, meas)
-
-
-def near_zero(lever: str, pred: float) -> bool:
-    """A declined lever (DECLINED) whose change is priced at ~0 (under MIN_GAIN): its relative error means
-    nothing, so it is read in points apart and left out of the goal."""
-    return lever in DECLINED and abs(pred) < MIN_GAIN
 
 
 def by_reading(levers: list[str], pairs: list[Pair]) -> list[str]:

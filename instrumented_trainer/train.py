@@ -102,7 +102,7 @@ class Setup:
     params: list
     optimizer: object
     grad_sync: GradSync
-    tp_latency_s: float | None = None     # a small TP all-reduce, timed at start (diag_run.json)
+    tp_latency_s: float | None = None     # a small partial DTensor reduced over TP, timed at start (diag_run.json)
 
 
 def set_up(job: JobConfig) -> Setup:
@@ -123,8 +123,8 @@ def set_up(job: JobConfig) -> Setup:
                          1 if job.parallel.sharded else mesh.size("dp"),
                          job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
                          job.num_micro_batches, comm)
-    latency = run_metadata.tp_latency(mesh.mesh["tp"], runtime.cuda) if mesh.size("tp") > 1 else None
-    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync, latency)
+    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync,
+                 run_metadata.tp_latency(mesh.mesh["tp"], runtime.cuda))
 
 
 def train(job: JobConfig) -> list[float]:

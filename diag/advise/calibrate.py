@@ -26,7 +26,7 @@ from ..analysis.results import Diagnosis, FindingKind, steps_in_window
 from ..trace.columns import median
 from ..trace.kinds import Coll, dtype_bytes
 from .memory import zero_stage
-from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, step_time
+from .model import FSDP_MIN_ZERO, Config, Links, ModelTooBig, Workload, allreduce_s, gather_s, step_time
 from .schedule import WEIGHT_SHARE
 from ..record import record
 
@@ -691,8 +691,8 @@ def small_tp_call(d: Diagnosis) -> tuple[Optional[float], str]:
              and o.median_bytes and o.median_bytes <= SMALL_CALL_BYTES and o.busbw_median_gbps and o.group_size]
     if small:
         o = min(small, key=lambda o: o.median_bytes)
-        coll = Coll.ALL_REDUCE if o.op == "all_reduce" else Coll.ALL_GATHER
-        secs = o.median_bytes * bus_factor(coll, o.group_size) / (o.busbw_median_gbps * 1e9)
+        secs = (allreduce_s if o.op == "all_reduce" else gather_s)(o.median_bytes, o.group_size,
+                                                                   o.busbw_median_gbps * 1e9)
         return secs, f"the run's TP {o.op} of {o.median_bytes / 1024:.3g} KiB (median call, matched)"
     if d.facts.tp_latency_s:
         return float(d.facts.tp_latency_s), "a small TP reduction timed at the run's start (diag_run.json)"
@@ -701,8 +701,8 @@ def small_tp_call(d: Diagnosis) -> tuple[Optional[float], str]:
 
 
 def _sp_switch(d: Diagnosis, meta: RunFacts, tp: int, notes: list) -> dict:
-    """Workload fields pricing a switch to sequence parallelism (model.sp_costs), said in a note; {} where
-    the run had it (its measured link and step hold it) or has no TP."""
+    """Workload fields pricing a switch to sequence parallelism (model.sp_costs), said in a note; only
+    Workload.sequence_parallel where the run had it (its measured link and step hold it) or has no TP."""
     if meta.sequence_parallel or tp < 2:
         return {"sequence_parallel": bool(meta.sequence_parallel)}
     backend = (meta.backend or d.backend or "").lower() or None

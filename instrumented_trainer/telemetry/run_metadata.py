@@ -63,7 +63,7 @@ def tp_latency(tp_mesh, cuda: bool) -> float | None:
     them), with DTensor's own host time, which a bare all-reduce of the same bytes leaves out (on the
     trainer's 2-rank CPU job: 0.7-1.1 ms against 0.4-0.5 ms), and which the run's own TP collectives (a
     micro-batch's activations) do not show. None at TP 1, or when it fails (a warning, and training goes on)."""
-    if tp_mesh is None or tp_mesh.size() < 2:
+    if tp_mesh.size() < 2:
         return None
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
