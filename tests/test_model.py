@@ -333,16 +333,26 @@ def test_zero_bubble_fills_the_1f1b_waits_with_weight_gradients():
 
 
 def test_split_backward_extra_paid_past_the_first_stage_under_zero_bubble_only():
-    """As above (p = 2, m = 2, F = I = W = f), stage 1's split backward e = 50% dearer: its I and W
-    take x = 1.5f. Stage 1: F0 [f, 2f], I0 [2f, 2f+x], F1 [, 3f+x], I1 [, 3f+2x], W0, W1 end at
-    3f + 4x = 9f; stage 0: I0 after I0's gradient [2f+x, 3f+x], W0 [, 4f+x], I1 after its gradient
-    at 3f + 2x = 6f, W1 ends at 8f, where its next step starts: its F0 reaches stage 1 at 9f, as
-    stage 1 ends its step. Steady state, the step is stage 1's work, never waiting: 2f + 4x = 8f
-    (7f unpriced). 1F1B keeps its fused backward: 9f as before."""
+    """As above (p = 2, m = 2, F = I = W = f: one layer a stage, backward 2f, weight share 1/2), stage 1's
+    split backward e dearer, paid in its weight passes (torch's input pass costs the fused backward's input
+    share, measured on CPU: benchmarks/README.md): W = f + 2fe on stage 1, I = f.
+    e = 50%, W = 2f. Stage 1: F0 [f, 2f], I0 [2f, 3f], F1 [3f, 4f], I1 [4f, 5f], W0 [5f, 7f], W1 [7f, 9f];
+    stage 0: I0 after its gradient [3f, 4f], W0 [4f, 5f], I1 [5f, 6f], W1 ends at 7f, where its next step
+    starts: its F0 reaches stage 1 at 8f, before stage 1 ends its step at 9f. Steady state, the step is stage
+    1's work, never waiting: 2f + 2f + 4f = 8f (7f unpriced).
+    e = 10%, W = 1.2f: stage 1's weight passes end at 7.4f, before the next F0 reaches it at 8f: the extra
+    fills stage 1's wait and the step stays stage 0's 7f. Had it been paid in the input passes too (each
+    1.1f), stage 0 would have waited 0.1f more for each gradient: 7.2f.
+    1F1B keeps its fused backward: 9f as before."""
     f = 1 * MS
-    w = Workload(num_layers=2, fwd_s_per_layer=f, split_backward_extra=0.5)
-    assert step_time(w, Config(pp=2, num_micro_batches=2, schedule="zb1p"), Links()) == approx(8 * f)
-    assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == approx(9 * f)
+    zb = Config(pp=2, num_micro_batches=2, schedule="zb1p")
+    for extra, step in ((0.5, 8 * f), (0.1, 7 * f)):
+        w = Workload(num_layers=2, fwd_s_per_layer=f, split_backward_extra=extra)
+        assert step_time(w, zb, Links()) == approx(step)
+        assert step_time(w, Config(pp=2, num_micro_batches=2), Links()) == approx(9 * f)
+        s0, s1 = (stage_costs(w, zb, Links(), stage=s) for s in (0, 1))
+        assert (s0.bwd_half_s, s1.bwd_half_s) == approx((f, f))          # the input pass: the fused backward's share
+        assert (s0.weight_extra_s, s1.weight_extra_s) == approx((0.0, 2 * f * extra))
 
 
 def test_split_backward_host_time_paid_past_the_first_stage_under_zero_bubble_only():

@@ -39,7 +39,9 @@ RECOMPUTE_HALVES = 2  # and under full recompute the forward's 2 again, each pay
 # torch's split backward (ScheduleInterleavedZeroBubble: the input gradients, then the weight gradients, in two
 # autograd passes) over the fused backward on a stage past the first, on a host timeline: measured on CPU with torch
 # 2.13, the trainer's zero-bubble job against its 1F1B job, backward over forward per step in six pairs of
-# untraced runs, 1.10-1.18x (median 1.14); the first stage, whose input needs no gradient, 0.92-1.04x
+# untraced runs, 1.10-1.18x (median 1.14); the first stage, whose input needs no gradient, 0.92-1.04x; a second
+# machine, 1.07-1.12x (median 1.10, six pairs). It is paid in the weight passes (model.stage_costs): timed pass by
+# pass, the input pass costs the fused backward's input share and the weight pass carries the rest
 # (benchmarks/README.md). On a GPU: below.
 SPLIT_BACKWARD_EXTRA = 0.14
 # On a GPU the split's extra is host time: torch's two autograd passes take 1.6-2.8x the fused backward's wall time

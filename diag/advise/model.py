@@ -94,8 +94,10 @@ class Workload:
                                         # bubble schedule's W pass defers (analysis.backward measures it)
     split_backward_extra: float = 0.0   # zero bubble: what torch's split backward (input gradients, then weight
                                         # gradients: two autograd passes) takes over the fused backward, a share
-                                        # of it, on a stage whose input needs a gradient (all but the first);
-                                        # measured on CPU (calibrate.SPLIT_BACKWARD_EXTRA), 0 where unknown
+                                        # of it, on a stage whose input needs a gradient (all but the first),
+                                        # paid in the weight pass (the input pass costs the fused backward's
+                                        # input share); measured on CPU (calibrate.SPLIT_BACKWARD_EXTRA), 0 where
+                                        # unknown
     split_backward_host_s: float = 0.0  # zero bubble on a GPU: the host seconds torch's split backward adds a layer
                                         # and micro-batch on such a stage, where the GPU waits on the host
                                         # (calibrate.SPLIT_BACKWARD_HOST_S); 0 where kernels hide it
@@ -277,12 +279,13 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
     """One rank's costs. CP c splits the sequence: compute, the TP all-reduces and the pipeline
     messages are 1/c per rank; each layer all-gathers K and V over the CP group (cp_s) and, in backward,
     passes its shard of dK and dV round the ring in c permutes (cp_dkv_s each). Under the zero-bubble
-    schedule a stage past the first pays torch's split backward's extra (Workload.split_backward_extra, and its host
-    time where the GPU waits on the host, Workload.split_backward_host_s)."""
+    schedule a stage past the first pays torch's split backward's extra: Workload.split_backward_extra in its weight
+    passes (the input pass, which the previous stage waits for, costs the fused backward's input share), and its host
+    time where the GPU waits on the host, Workload.split_backward_host_s, shared by both passes as the backward is."""
     layers = w.num_layers // c.pp
     f = w.fwd_s_per_layer / (c.tp * c.cp) * slowdown
     zb = c.schedule == "zb1p" and stage > 0
-    split, split_host = (1.0 + w.split_backward_extra, w.split_backward_host_s) if zb else (1.0, 0.0)
+    split, split_host = (w.split_backward_extra, w.split_backward_host_s) if zb else (0.0, 0.0)
     tp_bytes, pp_bytes = _even(w.tp_bytes_per_layer / c.cp), _even(w.p2p_bytes / c.cp)
     cp_bytes = _even(w.cp_bytes_per_layer / c.tp) if c.cp > 1 else 0
     dkv = (w.cp_grad_bytes_per_layer or 2.0 * w.cp_bytes_per_layer) / (c.tp * c.cp)
@@ -298,7 +301,7 @@ def stage_costs(w: Workload, c: Config, links: Links, slowdown: float = 1.0, sta
     sp_tp, sp_sync = sp_costs(w, c, layers, stage)
     return StageCosts(
         layers=layers, fwd_half_s=(f + hf) / 2 + w.launch_overhead_s,
-        bwd_half_s=(f * w.bwd_ratio * split + hb + split_host) / 2 + w.launch_overhead_s,
+        bwd_half_s=(f * w.bwd_ratio + hb + split_host) / 2 + w.launch_overhead_s, weight_extra_s=f * w.bwd_ratio * split,
         recompute_s=f + hf + 2 * w.launch_overhead_s if w.recompute == "full" else 0.0,   # a forward: 2 kernels
         tp_ar_s=allreduce_s(tp_bytes, c.tp, links.tp, links.latency_s) * sp_tp, tp_bytes=tp_bytes,
         p2p_s=p2p_s(pp_bytes, links.pp, links.latency_s), p2p_bytes=pp_bytes,

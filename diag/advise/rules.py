@@ -104,8 +104,9 @@ def _split_words(ctx: Context) -> str:
     w, what = ctx.cal.workload, "torch's split backward (input, then weight gradients: two autograd passes)"
     if w.split_backward_extra:
         return (f"{what} priced {w.split_backward_extra:.0%} dearer than the fused one on every stage past the first "
-                "(measured on CPU, torch 2.13: 10-18% over six pairs of runs, the first stage's unchanged; "
-                "benchmarks/README.md)")
+                "(measured on CPU, torch 2.13: 7-18% over twelve pairs of runs on two machines, the first stage's "
+                "unchanged), paid in its weight passes: the input pass, which the stage before waits for, measured "
+                "at the fused backward's input share (benchmarks/README.md)")
     if w.split_backward_host_s:
         waiting = waits_on_host(ctx.d)     # what set it in the calibration; None only for another diagnosis's
         seen = f" ({waiting[0]:.0%} idle between kernels of {waiting[1]:.3g} us median)" if waiting else ""

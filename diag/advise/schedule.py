@@ -128,6 +128,7 @@ class StageCosts:
     overlap_dp: bool
     chunks: int = 1                 # model chunks per rank (v of the interleaved schedule)
     weight_share: float = WEIGHT_SHARE  # zero-bubble: the weight gradients' share of a layer's backward
+    weight_extra_s: float = 0.0     # zero-bubble: what torch's split backward adds a layer, paid in its weight pass
     tp: int = 1                     # TP size: its all-reduces are written even where one member stands for all
     # ZeRO (model.py): 1-2 reduce-scatter the buckets and all-gather the stage's parameters after
     # the optimizer; 3 all-gathers each layer's parameters before its forward and its backward
@@ -318,10 +319,12 @@ class ProgramWriter:
 
     def weight(self, mb: int, last: bool, chunk: int = 0) -> None:
         """The zero-bubble schedule's weight-gradient pass ("W"): no communication of its own;
-        the layer's gradients are ready after it (DP bucket, ZeRO-3 reduce-scatter)."""
+        the layer's gradients are ready after it (DP bucket, ZeRO-3 reduce-scatter). It carries the
+        split backward's extra (StageCosts.weight_extra_s)."""
         self._runtime()
         for layer in self._backward_layers(chunk):
-            self.main.append(Instr("compute", "bwd_weight", 2 * self.c.bwd_half_s * self.c.weight_share))
+            self.main.append(Instr("compute", "bwd_weight", 2 * self.c.bwd_half_s * self.c.weight_share
+                                   + self.c.weight_extra_s))
             self._gradients_ready(layer, last)
 
     def _backward_layers(self, chunk: int) -> range:
