@@ -102,7 +102,7 @@ class Setup:
     params: list
     optimizer: object
     grad_sync: GradSync
-    tp_latency_s: float | None = None     # a small partial DTensor reduced over TP, timed at start (diag_run.json)
+    sp_grad_sync_s: float | None = None   # the optimizer's cost per Partial-over-TP gradient, timed at start (diag_run.json)
 
 
 def set_up(job: JobConfig) -> Setup:
@@ -116,15 +116,16 @@ def set_up(job: JobConfig) -> Setup:
     torch.manual_seed(job.train.seed)
     pipe = build_pipeline_for(job, mesh, runtime)
     params = [p for module in pipe.modules for p in module.parameters()]
-    optimizer = build_optimizer(params, job.train, mesh.group("dp"), mesh.size("dp"),
-                                job.parallel.zero1)
+    def make_optimizer(ps):
+        return build_optimizer(ps, job.train, mesh.group("dp"), mesh.size("dp"), job.parallel.zero1)
+    optimizer = make_optimizer(params)
     # replicated DP syncs gradients here; sharded DP (FSDP2, HSDP's replicas too) does it itself
     grad_sync = GradSync(params, mesh.group("dp"),
                          1 if job.parallel.sharded else mesh.size("dp"),
                          job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
                          job.num_micro_batches, comm)
     return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync,
-                 run_metadata.tp_latency(mesh.mesh["tp"], runtime.cuda))
+                 run_metadata.sp_grad_sync(mesh.mesh["tp"], make_optimizer, runtime.cuda))
 
 
 def train(job: JobConfig) -> list[float]:
@@ -140,7 +141,7 @@ def train(job: JobConfig) -> list[float]:
     if rank == 0:
         run_metadata.write(meta_path, run_metadata.build(job, backend=runtime.backend,
                                                          dtype=runtime.dtype_name,
-                                                         cuda=runtime.cuda, tp_latency_s=s.tp_latency_s))
+                                                         cuda=runtime.cuda, sp_grad_sync_s=s.sp_grad_sync_s))
     sampler = MetricsSampler(os.path.join(tel.out, f"metrics-rank-{rank}.jsonl"), rank,
                              tel.metrics_interval, prefer_gpu=runtime.cuda,
                              device_index=runtime.device.index or 0, enabled=tel.metrics)
@@ -189,7 +190,7 @@ def train(job: JobConfig) -> list[float]:
         run_metadata.write(meta_path, run_metadata.build(
             job, backend=runtime.backend, dtype=runtime.dtype_name, cuda=runtime.cuda,
             peak_memory_bytes=steps.peak, untraced_step_s=steps.untraced_median(tel.traced_steps),
-            tp_latency_s=s.tp_latency_s))
+            sp_grad_sync_s=s.sp_grad_sync_s))
     dist.barrier()
     dist.destroy_process_group()
     return steps.losses

@@ -29,7 +29,7 @@ def test_json_report_schema(tmp_path):
     p = diag("analyze", os.path.join(DATA, "dlrm_2_ranks_alltoall"), "--format", "json", "-o", str(out))
     assert p.returncode == 0 and p.stdout == ""
     d = json.loads(out.read_text())
-    assert d["schema_version"] == "1.22" and d["world_size"] == 2
+    assert d["schema_version"] == "1.23" and d["world_size"] == 2
     assert d["run"] is None and d["facts"]["tp"] is None and d["facts"]["world_size"] is None   # nothing said it
     (s,) = d["comm"]["stragglers"]        # rank 1 arrives last (README); a set's keys say it is one rank
     assert (s["rank"], s["ranks"], s["kind"], s["basis"], s["who"]) == (1, [1], "rank", "collectives", "rank 1")

@@ -687,8 +687,8 @@ def host_words(f) -> str:
 def small_tp_call(d: Diagnosis) -> tuple[Optional[float], str]:
     """(seconds, where from) of one small all-reduce over the TP group, which costs its latency: the run's
     own TP collectives of SMALL_CALL_BYTES or fewer (the median call's transfer, matched across the group),
-    else facts.tp_latency_s (the trainer times a few partial DTensors' at its start); (None, what would make
-    it known)."""
+    else facts.tp_latency_s (the trainer timed a few partial DTensors' at its start, schema 1.22); (None, what
+    would make it known). Under torch's DTensor sequence parallelism _sp_switch prefers facts.sp_grad_sync_s."""
     small = [o for o in (d.comm.ops if d.comm else []) if o.axis == "tp" and o.busbw_basis == "transfer"
              and o.median_bytes and o.median_bytes <= SMALL_CALL_BYTES and o.busbw_median_gbps and o.group_size]
     if small:
@@ -697,9 +697,9 @@ def small_tp_call(d: Diagnosis) -> tuple[Optional[float], str]:
                                                                    o.busbw_median_gbps * 1e9)
         return secs, f"the run's TP {o.op} of {o.median_bytes / 1024:.3g} KiB (median call, matched)"
     if d.facts.tp_latency_s:
-        return float(d.facts.tp_latency_s), "a small TP reduction timed at the run's start (diag_run.json)"
+        return float(d.facts.tp_latency_s), "a small TP reduction timed at the run's start (diag_run.json, tp_latency_s)"
     return None, (f"unknown: the run has no TP collective of {SMALL_CALL_BYTES // 1024} KiB or less, and no "
-                  "tp_latency_s in diag_run.json (the instrumented trainer times one at its start)")
+                  "sp_grad_sync_s in diag_run.json (the instrumented trainer times its optimizer's at its start)")
 
 
 def _sp_switch(d: Diagnosis, meta: RunFacts, tp: int, notes: list) -> dict:
@@ -709,10 +709,18 @@ def _sp_switch(d: Diagnosis, meta: RunFacts, tp: int, notes: list) -> dict:
         return {"sequence_parallel": bool(meta.sequence_parallel)}
     backend = (meta.backend or d.backend or "").lower() or None
     factor = SP_TP_FACTOR.get(backend, 1.0)
-    call, source = small_tp_call(d)
     megatron = meta.sequence_parallel_kind == "megatron"
     per_norm = 1 if meta.swiglu else 2          # RMSNorm (weight) with SwiGLU models, else LayerNorm (+ bias)
     reads = 1 if megatron else ADAMW_GRAD_READS
+    if not megatron and meta.sp_grad_sync_s:    # the optimizer's own path, timed: every read, DTensor's time around it
+        call = float(meta.sp_grad_sync_s) / reads
+        source = (f"the run's optimizer, timed at its start at {meta.sp_grad_sync_s * 1e3:.3g} ms a parameter with a "
+                  f"partial gradient (diag_run.json), over AdamW's {reads} reads")
+    else:
+        call, source = small_tp_call(d)
+        if call and not megatron:
+            source += ("; the collective alone: DTensor's host time around each read is not in it, so this is a "
+                       "lower bound (the instrumented trainer times the optimizer's own path: sp_grad_sync_s)")
     out = {"sp_tp_factor": factor, "sp_sync_call_s": call or 0.0,
            "sp_sync_calls_per_stage": 1.0 if megatron else 0.0,
            "sp_sync_calls_per_layer": 0.0 if megatron else 2.0 * per_norm * reads,

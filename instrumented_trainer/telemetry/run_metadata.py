@@ -52,40 +52,54 @@ def host_facts(world_size: int) -> dict:
     return {"host_cpus": cpus or None, "ranks_per_host": ranks or None, "threads_per_rank": torch.get_num_threads()}
 
 
-LATENCY_WARMUP, LATENCY_CALLS = 5, 15
-LATENCY_ELEMENTS = 256           # 1 KiB of fp32: a message that costs its latency, as a norm's gradient does
+SYNC_PARAMS, SYNC_WARMUP, SYNC_STEPS = 8, 2, 9    # ~0.35 s at start-up on the 2-rank CPU job, TP > 1 only
+SYNC_ELEMENTS = 256              # 1 KiB of fp32: a message that costs its latency, as a norm's gradient does
 
 
-def tp_latency(tp_mesh, cuda: bool) -> float | None:
-    """The median time to reduce a small partial DTensor over this rank's TP mesh (every TP rank calls
-    it, at start-up, before the profiler): the path each of sequence parallelism's norm-gradient
-    reductions takes (torch's DTensor leaves them Partial and reduces them where the optimizer reads
-    them), with DTensor's own host time, which a bare all-reduce of the same bytes leaves out (on the
-    trainer's 2-rank CPU job: 0.7-1.1 ms against 0.4-0.5 ms), and which the run's own TP collectives (a
-    micro-batch's activations) do not show. None at TP 1, or when it fails (a warning, and training goes on)."""
+def sp_grad_sync(tp_mesh, make_optimizer, cuda: bool) -> float | None:
+    """Seconds the run's optimizer step pays per parameter whose gradient is Partial over this rank's TP mesh,
+    as sequence parallelism leaves the norms' gradients: `make_optimizer` (the trainer's own optimizer factory)
+    stepped over a few small DTensor parameters with Partial gradients, less the same with Replicate ones, the
+    median of a few steps each, per parameter. It holds every reduction the optimizer makes of such a gradient
+    (torch's DTensor reduces one each time an op reads it: three times in AdamW) and DTensor's own host time
+    around each, which neither a bare all-reduce nor the run's own TP collectives show (on the trainer's 2-rank
+    CPU job: 1.2-1.3 ms a reduction, against ~0.5 ms for a bare all-reduce of the same bytes). Every TP rank
+    calls it, at start-up, before the profiler. None at TP 1, or when it fails (a warning, and training goes
+    on)."""
     if tp_mesh.size() < 2:
         return None
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    with guard("TP latency probe"):
-        x = torch.zeros(LATENCY_ELEMENTS, device=tp_mesh.device_type)
-        times = []
-        for i in range(LATENCY_WARMUP + LATENCY_CALLS):
+    def zeros():
+        return torch.zeros(SYNC_ELEMENTS, device=tp_mesh.device_type)
+
+    def step_s(placement) -> float:
+        params = [torch.nn.Parameter(DTensor.from_local(zeros(), tp_mesh, [Replicate()]))
+                  for _ in range(SYNC_PARAMS)]
+        optimizer, times = make_optimizer(params), []
+        for i in range(SYNC_WARMUP + SYNC_STEPS):
+            for p in params:
+                p.grad = DTensor.from_local(zeros(), tp_mesh, [placement])
+            dist.barrier(group=tp_mesh.get_group())       # the TP ranks start each step together
             if cuda:
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            DTensor.from_local(x, tp_mesh, [Partial()]).redistribute(tp_mesh, [Replicate()]).to_local()
+            optimizer.step()
             if cuda:
                 torch.cuda.synchronize()
-            if i >= LATENCY_WARMUP:
+            if i >= SYNC_WARMUP:
                 times.append(time.perf_counter() - start)
         return statistics.median(times)
+
+    with guard("SP gradient sync probe"):
+        return max(step_s(Partial()) - step_s(Replicate()), 0.0) / SYNC_PARAMS
     return None
 
 
 def build(job, *, backend: str, dtype: str, cuda: bool,
           peak_memory_bytes: int | None = None, untraced_step_s: float | None = None,
-          tp_latency_s: float | None = None) -> RunFacts:
+          sp_grad_sync_s: float | None = None) -> RunFacts:
     """The metadata record of a run; `peak_memory_bytes`: the largest measured step peak of any
     rank, `untraced_step_s`: the median step outside the profiler's steps (both written again at
     the end of the run, when they are known)."""
@@ -103,7 +117,7 @@ def build(job, *, backend: str, dtype: str, cuda: bool,
         ffn_hidden_size=m.ffn_hidden_size, parameter_count=m.parameter_count(),
         dtype=dtype, device="cuda" if cuda else "cpu", device_name=name,
         peak_flops=peak_flops(name, dtype) if cuda else None,
-        **host_facts(grid.world_size), tp_latency_s=tp_latency_s,
+        **host_facts(grid.world_size), sp_grad_sync_s=sp_grad_sync_s,
         # the schedule asked for: 1F1B with fewer micro-batches than stages runs as GPipe (torch's 1F1B
         # refuses it), the order Megatron-LM's 1F1B has then and diag's 1F1B model gives, and a change to
         # m >= p (diag's bubble lever) re-runs 1F1B: what diag predicts for it must be 1F1B's memory

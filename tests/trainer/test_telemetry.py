@@ -68,8 +68,8 @@ def test_profiled_run_writes_logs_and_metadata(profiled_run, reference_losses):
     # the host's cores as rank 0 sees them (its affinity), the 8 local ranks, one intra-op thread each
     assert (meta["host_cpus"], meta["ranks_per_host"], meta["threads_per_rank"]) == \
         (len(os.sched_getaffinity(0)), 8, 1)
-    # a small partial DTensor reduced over rank 0's TP mesh at start-up (sequence parallelism's price)
-    assert 0 < meta["tp_latency_s"] < 60
+    # what a gradient left partial over TP costs rank 0's optimizer, timed at start-up (sequence parallelism's price)
+    assert 0 < meta["sp_grad_sync_s"] < 60 and meta["tp_latency_s"] is None     # the older probe: no longer run
     for rank in range(8):
         comm = [json.loads(x) for x in
                 (profiled_run.out / f"comm-rank-{rank}.jsonl").read_text().splitlines()]
@@ -175,6 +175,21 @@ def test_comm_log_does_not_keep_collectives_waited_elsewhere(tmp_path):
     # a coalesced batch (NCCL): its ops timed by the batch's Work; a Work-less op alone: unknown
     assert by_op["send"]["duration"] > 0 and by_op["recv"]["duration"] > 0
     assert by_op["broadcast"]["duration"] is None
+
+
+def test_the_sp_gradient_probe_times_the_optimizers_own_path(tmp_path):
+    """The start-up probe of what a gradient left Partial over TP costs the optimizer (sequence parallelism's
+    norms, run_metadata.sp_grad_sync), on two real gloo ranks: an optimizer that sleeps 2 ms per partial
+    gradient reads 2 ms a parameter (sleep never returns early; the bound above allows a loaded machine's
+    late wake-ups); the trainer's AdamW reads more than nothing, its step reducing each partial gradient
+    once per read (3: lerp_, and addcmul_'s two operands); a TP mesh of one rank, and an optimizer that
+    cannot be built, give None (the latter with a warning), and the process goes on."""
+    from .runner import run_workers
+
+    for rec in run_workers("tests.trainer.sp_sync_worker", tmp_path, 2):
+        assert rec["sleep_s"] <= rec["sleeper"] < rec["sleep_s"] + 5e-3, rec
+        assert rec["adamw"] > 0 and rec["adamw_reductions"] == 3, rec
+        assert rec["tp1"] is None and rec["broken"] is None, rec
 
 
 def test_the_tap_runs_only_in_the_steps_that_need_it(tmp_path):
