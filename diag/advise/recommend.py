@@ -43,8 +43,9 @@ def advise(d: Diagnosis) -> Advice:
     notes += [DECLINED + x for x in ctx.declined]
     nothing = None
     if not recs and ctx.declined:
-        nothing = ("nothing worth changing: measured losses crossed rules' thresholds, but the model prices every "
-                   "change they call for under 2% of the step (each with its price: \"not proposed\" below)")
+        nothing = ("nothing worth changing: measured losses crossed rules' thresholds, but every change they call for "
+                   "is priced under 2% of the step or declined with its reason (each with its price: \"not proposed\" "
+                   "below)")
     elif not recs:
         nothing = ("nothing worth changing: no measured loss crossed a rule's threshold, or the model prices "
                    "every candidate change under 2% of the step (thresholds: docs/recommendations.md)")
