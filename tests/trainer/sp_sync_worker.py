@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate
 from instrumented_trainer.telemetry.run_metadata import sp_grad_sync
 from tests.trainer.worker_exit import finish
 
-SLEEP_S = 2e-3
+SLEEP_S = 4e-3
 
 
 class Sleeper:

@@ -179,15 +179,16 @@ def test_comm_log_does_not_keep_collectives_waited_elsewhere(tmp_path):
 
 def test_the_sp_gradient_probe_times_the_optimizers_own_path(tmp_path):
     """The start-up probe of what a gradient left Partial over TP costs the optimizer (sequence parallelism's
-    norms, run_metadata.sp_grad_sync), on two real gloo ranks: an optimizer that sleeps 2 ms per partial
-    gradient reads 2 ms a parameter (sleep never returns early; the bound above allows a loaded machine's
-    late wake-ups); the trainer's AdamW reads more than nothing, its step reducing each partial gradient
+    norms, run_metadata.sp_grad_sync), on two real gloo ranks: an optimizer that sleeps 4 ms per partial
+    gradient reads 4 ms a parameter (sleep never returns early; the bound above allows a loaded machine's
+    late wake-ups, 12 ms each, and is still under the 32 ms the step's 8 parameters would read undivided);
+    the trainer's AdamW reads more than nothing, its step reducing each partial gradient
     once per read (3: lerp_, and addcmul_'s two operands); a TP mesh of one rank, and an optimizer that
     cannot be built, give None (the latter with a warning), and the process goes on."""
     from .runner import run_workers
 
     for rec in run_workers("tests.trainer.sp_sync_worker", tmp_path, 2):
-        assert rec["sleep_s"] <= rec["sleeper"] < rec["sleep_s"] + 5e-3, rec
+        assert rec["sleep_s"] <= rec["sleeper"] < rec["sleep_s"] + 12e-3, rec
         assert rec["adamw"] > 0 and rec["adamw_reductions"] == 3, rec
         assert rec["tp1"] is None and rec["broken"] is None, rec
 
