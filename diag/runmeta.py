@@ -91,7 +91,7 @@ class RunFacts(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     threads_per_rank: Optional[Size] = None     # torch's intra-op threads per rank
     # what the run's optimizer step pays per parameter whose gradient is Partial over TP (seconds; the trainer
     # times it at its start: its optimizer over small partial DTensor gradients, less over replicated ones):
-    # what each of the norms' gradients costs under sequence parallelism (calibrate.small_tp_call)
+    # what each of the norms' gradients costs under sequence parallelism (calibrate._sp_switch)
     sp_grad_sync_s: Optional[Annotated[float, msgspec.Meta(ge=0, le=3600)]] = None
     # one small reduction over a TP group, timed at the run's start (the trainer wrote it at schema 1.22, a
     # partial DTensor's; read where sp_grad_sync_s is missing)
