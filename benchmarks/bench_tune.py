@@ -47,7 +47,10 @@ from diag.report.advice import change_parts  # noqa: E402
 SMALL = "--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --vocab-size 256 --train-iters 14"
 # lever (rule) -> trainer flags of a job whose diagnosis trips it
 CASES = {
-    "bubble": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 8 --global-batch-size 8",
+    # ~600 ms steps (hidden 256, sequence 256): on the SMALL model's ~50 ms steps identical runs differed in level
+    # by up to 10% and a reading's pairs spread over 10-50 points (benchmarks/README.md)
+    "bubble": "--nproc 2 --pipeline-model-parallel-size 2 --micro-batch-size 8 --global-batch-size 8 "
+              "--hidden-size 256 --num-attention-heads 4 --seq-length 256",
     "micro_batch": "--nproc 2 --micro-batch-size 1 --global-batch-size 16",
     "dp_overlap": "--nproc 2 --micro-batch-size 4 --global-batch-size 16 --hidden-size 256",
     "tp_layout": "--nproc 2 --tensor-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 8",
