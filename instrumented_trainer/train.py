@@ -124,8 +124,11 @@ def set_up(job: JobConfig) -> Setup:
                          1 if job.parallel.sharded else mesh.size("dp"),
                          job.parallel.ddp_bucket_size, job.parallel.overlap_grad_reduce,
                          job.num_micro_batches, comm)
-    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync,
-                 run_metadata.sp_grad_sync(mesh.mesh["tp"], make_optimizer, runtime.cuda))
+    # what switching SP on would cost the optimizer: a run that has it pays it already (diag reads it only to
+    # price the switch), so it is not timed there
+    sync = None if job.parallel.sequence_parallel else run_metadata.sp_grad_sync(mesh.mesh["tp"], make_optimizer,
+                                                                                  runtime.cuda)
+    return Setup(runtime, rank, mesh, comm, pipe, params, optimizer, grad_sync, sync)
 
 
 def train(job: JobConfig) -> list[float]:

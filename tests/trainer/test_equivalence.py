@@ -14,6 +14,8 @@ compounded over 10 AdamW steps; measured, the largest difference is 1e-7 (4.8356
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .runner import assert_ok, run_trainer
@@ -60,6 +62,13 @@ def test_layout_matches_single_process(layout, tmp_path, reference_losses):
     run = run_trainer(tmp_path, nproc, "--train-iters", "10", "--no-profile", *args)
     assert_ok(run)
     losses = run.losses()
+    # the start-up timing of what SP would cost the optimizer: at TP 2 without SP, through each layout's own
+    # optimizer (ZeRO-1's too); none at TP 1, nor where SP is on (run_metadata.sp_grad_sync)
+    sync = json.loads((run.out / "diag_run.json").read_text())["sp_grad_sync_s"]
+    if "--tensor-model-parallel-size" in args and "--sequence-parallel" not in args:
+        assert sync is not None and sync > 0, (layout, sync)
+    else:
+        assert sync is None, (layout, sync)
     assert len(losses) == len(reference_losses) == 10
     for step, (got, want) in enumerate(zip(losses, reference_losses)):
         assert abs(got - want) <= REL_TOL * abs(want), (layout, step, got, want)
