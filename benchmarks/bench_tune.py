@@ -200,11 +200,20 @@ def declined_price(d, rule: str) -> tuple:
     return cal, after, after / cal.measured_step_s - 1
 
 
+def declined_memory(d, rule: str) -> tuple[Optional[int], Optional[int]]:
+    """A declined lever's modelled peak memory per rank (before, after its change: DECLINED) by the memory
+    model of diagnosis d; (None, None) where the model holds none of the run."""
+    memory, config, _, _ = mem.of_diagnosis(d)
+    if memory is None:
+        return None, None
+    return memory.peak(config).total, memory.peak(replace(config, **DECLINED[rule][2])).total
+
+
 def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Optional[int] = None,
              max_minutes: Optional[float] = None, say=None) -> TuneResult:
     """The change of a lever its rule declined (DECLINED), priced by the model calibrated on each run
     of the first configuration, run and compared as an applied recommendation is."""
-    flags, _, memory_change = DECLINED[rule]         # trainer flags, model Config and MemoryConfig changes
+    flags = DECLINED[rule][0]                        # trainer flags (model Config and MemoryConfig changes after)
     d = res.before.diagnosis
     cal, after, first = declined_price(d, rule)
     why = DECLINED_WHY.get(rule) or next((n for n in res.message.split("; ") if n.startswith("not proposed")),
@@ -213,9 +222,7 @@ def declined(res: TuneResult, rule: str, out: str, repeats: int, max_repeats: Op
                          evidence=[ev("predicted step change", 100 * first, 0, "%")],
                          flags=dict(flags), command=rerun_command(d.run.command, flags, rule),
                          step_s_before=cal.measured_step_s, step_s_after=after)
-    memory, config, _, _ = mem.of_diagnosis(d)
-    if memory is not None:                       # the change moves no memory the model holds
-        rec.memory_before_bytes = rec.memory_after_bytes = memory.peak(replace(config, **memory_change)).total
+    rec.memory_before_bytes, rec.memory_after_bytes = declined_memory(d, rule)
     return confirm(res.before, rec, out, repeats=repeats, price=lambda d: declined_price(d, rule)[2], max_repeats=max_repeats,
                    max_minutes=max_minutes, say=say)
 

@@ -32,7 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_tune import CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, _pct, declined_price, near_zero  # noqa: E402
+from bench_tune import (CASES, DECLINED, GOAL_MEMORY, GOAL_STEP, MEMORY_GIB, _pct, declined_memory,  # noqa: E402
+                        declined_price, near_zero)
 from diag.advise.recommend import advise  # noqa: E402
 from diag.advise.tune import measured_peak_memory, measured_steps, median_interval, pair_changes, step_error  # noqa: E402
 from diag.analysis import diagnose  # noqa: E402
@@ -110,7 +111,7 @@ def price(lever: str, d, after_args: list[str]) -> tuple[Optional[float], Option
     """(the change the model prices from diagnosis d, its predicted peak memory per rank): the lever's
     recommendation whose flags the after run ran; a declined lever's change as bench_tune.py prices it."""
     if lever in DECLINED:
-        return declined_price(d, lever)[2], None
+        return declined_price(d, lever)[2], declined_memory(d, lever)[1]
     ran = flag_values(after_args)
     for r in advise(d).recommendations:
         if r.rule == lever and r.step_s_before and r.step_s_after is not None and \

@@ -711,11 +711,15 @@ def _sp_switch(d: Diagnosis, meta: RunFacts, tp: int, notes: list) -> dict:
     factor = SP_TP_FACTOR.get(backend, 1.0)
     megatron = meta.sequence_parallel_kind == "megatron"
     per_norm = 1 if meta.swiglu else 2          # RMSNorm (weight) with SwiGLU models, else LayerNorm (+ bias)
-    reads = 1 if megatron else ADAMW_GRAD_READS
-    if not megatron and meta.sp_grad_sync_s:    # the optimizer's own path, timed: every read, DTensor's time around it
-        call = float(meta.sp_grad_sync_s) / reads
-        source = (f"the run's optimizer, timed at its start at {meta.sp_grad_sync_s * 1e3:.3g} ms a parameter with a "
-                  f"partial gradient (diag_run.json), over AdamW's {reads} reads")
+    timed = not megatron and bool(meta.sp_grad_sync_s)
+    # the unit priced: a parameter, where the optimizer's own path was timed (every reduction its reads make,
+    # however many: AdamW's 3, one under the trainer's ZeRO-1, and DTensor's time around them); else one call,
+    # reads of them a parameter (AdamW's, assumed)
+    reads = 1 if megatron or timed else ADAMW_GRAD_READS
+    if timed:
+        call = float(meta.sp_grad_sync_s)
+        source = ("the run's optimizer, timed at its start with partial gradients against replicated ones "
+                  "(diag_run.json, sp_grad_sync_s: every reduction its reads make, DTensor's time around them)")
     else:
         call, source = small_tp_call(d)
         if call and not megatron:
@@ -729,10 +733,16 @@ def _sp_switch(d: Diagnosis, meta: RunFacts, tp: int, notes: list) -> dict:
            f"{backend or 'an unknown backend'}'s ring)" if factor == 1.0 else
            f"its all-gathers and reduce-scatters priced at {factor:g}x the all-reduces they replace ({backend}'s "
            "reduce-scatter runs a whole all-reduce)")
-    norms = ("Megatron-LM's one coalesced reduction of the norms' gradients a stage" if megatron else
-             f"{2 * per_norm * reads} reductions of the norms' gradients a layer ({2 * per_norm} norm parameters, "
-             f"{'RMSNorm' if per_norm == 1 else 'LayerNorm'}, each gradient left partial over TP and reduced each "
-             f"of the {reads} times AdamW reads it, as torch's DTensor does)")
+    kind = "RMSNorm" if per_norm == 1 else "LayerNorm"
+    if megatron:
+        norms = "Megatron-LM's one coalesced reduction of the norms' gradients a stage"
+    elif timed:
+        norms = (f"{2 * per_norm} norm parameters a layer ({kind}) whose gradients it leaves partial over TP, "
+                 "each reduced by the optimizer as torch's DTensor does, at a cost a parameter")
+    else:
+        norms = (f"{2 * per_norm * reads} reductions of the norms' gradients a layer ({2 * per_norm} norm parameters, "
+                 f"{kind}, each gradient left partial over TP and reduced each of the {reads} times AdamW reads it, "
+                 "as torch's DTensor does)")
     notes.append(f"sequence parallelism, where switched on: {how}; {norms}, "
                  + (f"{call * 1e3:.3g} ms each, from {source}" if call else f"not priced: their time is {source}"))
     return out
