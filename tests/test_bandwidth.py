@@ -292,3 +292,28 @@ def test_busbw_of_an_inferred_group_from_a_real_trace_given_sizes(tmp_path):
     assert (op.group_size, op.busbw_basis, op.median_bytes) == (n, "transfer", nelems * 4)
     assert not [note for note in comm.notes if note.startswith("busbw unknown")]
     assert op.busbw_median_gbps == pytest.approx(want, rel=1e-9)
+
+
+def test_a_damaged_pg_size_leaves_an_unnamed_groups_size_unknown():
+    """implied_group_size: every group of 8 gives an unnamed group 8; a group whose pg_size is not a size (a
+    list, a bool, a string, missing, 0, past MAX_RANKS: the fuzzer's list once raised `unhashable type`) or
+    two sizes leave it 0 (unknown), and the named groups' sizes are kept."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from diag.analysis.collectives import implied_group_size
+    from diag.runmeta import MAX_RANKS
+
+    def implied(*sizes):
+        rc = SimpleNamespace(group_size=np.array([0, 4, 0], np.int32))
+        implied_group_size(rc, [{"pg_name": str(i), "pg_size": s} for i, s in enumerate(sizes)] + ["not a group"])
+        return rc.group_size.tolist()
+
+    assert implied(8, 8) == [8, 4, 8]
+    for bad in ([8], True, "8", None, 0, MAX_RANKS + 1, 2 ** 40):
+        assert implied(8, bad) == [0, 4, 0], bad
+    assert implied(8, 4) == [0, 4, 0]
+    rc = SimpleNamespace(group_size=np.array([0], np.int32))
+    implied_group_size(rc, [{"pg_name": "0"}])
+    assert rc.group_size.tolist() == [0]

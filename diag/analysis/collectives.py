@@ -26,6 +26,7 @@ from .gloowork import GlooWork, comm_column, link
 from .hostlink import C10D_RE, LABEL_RE, enclosing, launches
 from .steps import Window
 from ..record import record
+from ..runmeta import MAX_RANKS
 
 
 @record
@@ -339,10 +340,12 @@ def _finish(rank, t, rows, step, coll, axis, group, size, nbytes, compute,
 
 
 def implied_group_size(rc: RankComms, pg_config: list) -> None:
-    """When every process group of the job has the same size, an unnamed group has it too."""
-    sizes = {pg.get("pg_size") for pg in pg_config if isinstance(pg, dict)}
-    if len(sizes) == 1 and isinstance(next(iter(sizes)), int):
-        rc.group_size[rc.group_size == 0] = next(iter(sizes))
+    """When every process group of the job has the same size, an unnamed group has it too. A group whose
+    pg_size is not a size (missing, not an integer, or out of MAX_RANKS: a damaged trace's) leaves it
+    unknown."""
+    sizes = [pg.get("pg_size") for pg in pg_config if isinstance(pg, dict)]
+    if sizes and all(type(x) is int and 1 <= x <= MAX_RANKS for x in sizes) and len(set(sizes)) == 1:
+        rc.group_size[rc.group_size == 0] = sizes[0]
 
 
 def _exposed_each(rc: RankComms) -> np.ndarray:
