@@ -94,16 +94,17 @@ def test_the_runs_own_small_tp_collective_sets_the_call_time(job):
 def test_the_optimizers_own_timing_wins_for_torchs_dtensor(job):
     """The trainer times what a partial gradient costs its optimizer (sp_grad_sync_s, every reduction its reads make
     and DTensor's time around each): 3 ms a parameter, 10 norm parameters (4 a layer and the final norm's 2), 30 ms
-    a step on NCCL, over both the trace's own small TP call (0.25 ms, the collective alone: said to be a lower bound where it is used) and the older start-up
-    timing of one reduction. Megatron-LM's one coalesced call a stage is not the optimizer's path: the trace's
-    call prices it."""
+    a step on NCCL, over both the trace's own small TP call (0.25 ms, the collective alone: said to be a lower
+    bound where it is used) and the older start-up timing of one reduction. Megatron-LM's one coalesced call a
+    stage is not the optimizer's path: the trace's call prices it."""
     d = diagnosis(job, backend="nccl", tp_latency_s=2 * MS, sp_grad_sync_s=3 * MS)
     tp = next(o for o in d.comm.ops if o.axis == "tp")
     d.comm.ops.append(replace(tp, median_bytes=1024.0, busbw_median_gbps=1024 / 0.25e-3 / 1e9, time_s=0.0,
                               exposed_s=0.0, busbw_basis="transfer", group_size=2))
     assert sp_change(d) == pytest.approx(30 * MS, rel=2e-3)
     assert "4 norm parameters a layer (LayerNorm) whose gradients it leaves partial over TP, each reduced by the " \
-        "optimizer as torch's DTensor does, at a cost a parameter, 3 ms each, from the run's optimizer, timed" in note(d)
+        "optimizer as torch's DTensor does, at a cost a parameter, 3 ms each, from the run's optimizer, timed" \
+        in note(d)
     d.facts = msgspec.structs.replace(d.facts, sp_grad_sync_s=None)
     assert sp_change(d) == pytest.approx(30 * 0.25 * MS, rel=2e-3)
     assert "the collective alone: DTensor's host time around each read is not in it, so this is a lower bound" \
